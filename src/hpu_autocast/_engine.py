@@ -1,0 +1,277 @@
+"""The mechanism: one engine per thread, owning the region stack, the cast cache and the two
+private modes that apply the innermost region's policy.
+
+Data flow of one call (see docs/design.md for the long form)::
+
+    torch.mm(a, b)            -> _FunctionMode: rule for torch.mm? cast a, b above autograd,
+                                 call with the dispatch level suppressed
+      aten.mm.default(a', b') -> _DispatchMode: suppressed -> call through
+    (C++) at::mm(x, y)        -> _DispatchMode: rule for aten.mm.default? cast below autograd,
+                                 call, queue the outputs for the autograd bridge
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _bridge, _compat
+from ._table import DEFER, CompiledPolicy, OpRule
+from .policy import CastPolicy
+from .rules import compute_dtype, has_explicit_dtype, is_eligible
+
+__all__ = ["Region", "Engine", "engine_for_thread", "current_engine"]
+
+_FLOAT32 = torch.float32
+_Tensor = torch.Tensor
+
+
+class Region:
+    """One entry of the region stack: what an ``HpuAutocastMode`` asked for."""
+
+    __slots__ = ("compiled", "dtype", "enabled", "cache_enabled", "observer", "owns_modes")
+
+    def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, enabled: bool,
+                 cache_enabled: bool, observer: Optional[Callable] = None) -> None:
+        self.compiled = compiled
+        self.dtype = dtype
+        self.enabled = enabled
+        self.cache_enabled = cache_enabled
+        self.observer = observer
+        self.owns_modes = False
+
+
+class Engine:
+    """Per-thread state. The modes hold a reference to it, so autograd's worker threads, to
+    which torch propagates the mode stacks, read the same regions."""
+
+    def __init__(self) -> None:
+        self.regions: List[Region] = []
+        self.region: Optional[Region] = None  # innermost enabled region, or None
+        self.cache: Dict[int, Tuple[_Tensor, _Tensor]] = {}
+        self.suppress = 0
+        self.pending: list = []
+        self.dispatch_mode = _DispatchMode(self)
+        self.function_mode = _FunctionMode(self)
+        self.modes_on = False
+
+    # -- region stack -------------------------------------------------------------------
+    def push(self, region: Region) -> None:
+        self.regions.append(region)
+        self.region = region if region.enabled else None
+        if region.enabled and not self.modes_on:
+            self.function_mode.__enter__()
+            try:
+                self.dispatch_mode.__enter__()
+            except BaseException:
+                self.function_mode.__exit__(None, None, None)
+                raise
+            self.modes_on = region.owns_modes = True
+
+    def pop(self, region: Region) -> None:
+        if not self.regions or self.regions[-1] is not region:
+            raise RuntimeError("hpu_autocast: regions must be exited in the reverse order they were entered")
+        self.regions.pop()
+        if self.pending:
+            self.flush()
+        if region.owns_modes:
+            # Note: exit even if a mode raises, so no state is left behind.
+            self.modes_on = False
+            try:
+                self.dispatch_mode.__exit__(None, None, None)
+            finally:
+                self.function_mode.__exit__(None, None, None)
+        top = self.regions[-1] if self.regions else None
+        self.region = top if top is not None and top.enabled else None
+        if not self.regions:
+            # As torch.autocast: the cast cache lives as long as the outermost region.
+            self.cache.clear()
+            self.pending.clear()
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        _bridge.attach(pending)
+
+    # -- casting ------------------------------------------------------------------------
+    def cast_args(self, rule: OpRule, args: tuple, kwargs: dict, region: Region, above_autograd: bool,
+                  positions: Optional[Dict[str, int]] = None):
+        """Cast the eligible tensors of one call. Returns ``(args, kwargs, dtype, casts)``, where
+        ``casts`` lists ``(original, copy)`` pairs, or ``None`` when the call is not eligible."""
+        if has_explicit_dtype(args, kwargs):
+            return None
+        protected = rule.protected
+        pnames = rule.protected_names
+        if positions is not None and pnames:
+            protected = frozenset(positions[n] for n in pnames if n in positions)
+        # First pass: the eligible inputs' dtypes (PROMOTE and FIRST need them all).
+        dtypes = []
+        for i, a in enumerate(args):
+            if i in protected:
+                continue
+            if type(a) is _Tensor or isinstance(a, _Tensor):
+                if is_eligible(a):
+                    dtypes.append(a.dtype)
+            elif isinstance(a, (list, tuple)):
+                dtypes.extend(t.dtype for t in a if is_eligible(t))
+            if rule.input_only:
+                break
+        if not rule.input_only:
+            for k, v in kwargs.items():
+                if k not in pnames and is_eligible(v):
+                    dtypes.append(v.dtype)
+        target = compute_dtype(rule.action, dtypes, region.dtype)
+        if target is None:
+            return args, kwargs, None, ()
+        casts: list = []
+        cache = self.cache if region.cache_enabled and target is region.dtype else None
+
+        def cast(t):
+            if not is_eligible(t) or t.dtype is target:
+                return t
+            if cache is not None:
+                hit = cache.get(id(t))
+                if hit is not None and hit[0] is t:
+                    casts.append((t, hit[1]))
+                    return hit[1]
+            c = t.to(target)
+            # As native autocast: cache casts of float32 leaves that require grad (weights),
+            # and only above autograd, where the copy carries its ToCopyBackward.
+            if (cache is not None and above_autograd and t.dtype is _FLOAT32 and t.requires_grad
+                    and t.is_leaf and not t._is_view()):
+                cache[id(t)] = (t, c)
+            casts.append((t, c))
+            return c
+
+        new_args = list(args)
+        for i, a in enumerate(args):
+            if i in protected:
+                continue
+            if isinstance(a, _Tensor):
+                new_args[i] = cast(a)
+            elif isinstance(a, list):
+                new_args[i] = [cast(t) if isinstance(t, _Tensor) else t for t in a]
+            elif isinstance(a, tuple):
+                new_args[i] = tuple(cast(t) if isinstance(t, _Tensor) else t for t in a)
+            if rule.input_only:
+                break
+        new_kwargs = kwargs
+        if kwargs and not rule.input_only:
+            new_kwargs = {k: (cast(v) if isinstance(v, _Tensor) and k not in pnames else v) for k, v in kwargs.items()}
+        return tuple(new_args), new_kwargs, target, casts
+
+
+def _observe(region: Region, level: str, rule: Optional[OpRule], func: Any, reason: str,
+             args: tuple, kwargs: dict, target: Optional[torch.dtype]) -> None:
+    region.observer(level, rule, func, reason, args, kwargs, target)
+
+
+class _FunctionMode(TorchFunctionMode):
+    """Applies the policy above autograd to calls it can map to an op in the table."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        engine = self.engine
+        kwargs = kwargs or {}
+        if engine.pending:
+            engine.flush()
+        region = engine.region
+        if region is None or engine.suppress:
+            return func(*args, **kwargs)
+        frule = region.compiled.function.get(func)
+        if frule is None:
+            if _compat.HAS_REDISPATCH and type(func) is types.FunctionType:
+                # A Python-level function (F.cross_entropy, Tensor.__rpow__): run its body with
+                # this mode still active, so the builtins it calls are seen.
+                with self:
+                    return _compat.redispatch(func, types_, args, kwargs)
+            return func(*args, **kwargs)
+        rule = frule.select(args, kwargs)
+        if rule is None or rule is DEFER:
+            if region.observer is not None and rule is None:
+                _observe(region, "function", None, func, "out=" if "out" in kwargs else "not listed", args, kwargs, None)
+            return func(*args, **kwargs)
+        return _run(engine, region, rule, func, args, kwargs, "function", frule.positions)
+
+
+class _DispatchMode(TorchDispatchMode):
+    """Applies the policy, by exact overload, to ATen calls the function mode did not handle."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        engine = self.engine
+        kwargs = kwargs or {}
+        region = engine.region
+        if region is None or engine.suppress:
+            return func(*args, **kwargs)
+        if engine.pending:
+            engine.flush()
+        compiled = region.compiled
+        rule = compiled.dispatch.get(func)
+        if rule is None and compiled.has_defaults:
+            rule = compiled.default_rule(func)
+        if rule is None:
+            if region.observer is not None:
+                _observe(region, "dispatch", None, func, "not listed", args, kwargs, None)
+            return func(*args, **kwargs)
+        return _run(engine, region, rule, func, args, kwargs, "dispatch", None)
+
+
+def _run(engine: Engine, region: Region, rule: OpRule, func, args: tuple, kwargs: dict, level: str,
+         positions: Optional[Dict[str, int]]):
+    """Cast one call by ``rule`` and run it with the policy suppressed for its body."""
+    if rule.banned is not None:
+        raise RuntimeError(f"{rule.name}: {rule.banned}")
+    above = level == "function"
+    engine.suppress += 1
+    try:
+        cast = engine.cast_args(rule, args, kwargs, region, above, positions)
+        if cast is None:
+            if region.observer is not None:
+                _observe(region, level, rule, func, "explicit dtype", args, kwargs, None)
+            return func(*args, **kwargs)
+        new_args, new_kwargs, target, casts = cast
+        if region.observer is not None:
+            _observe(region, level, rule, func, str(rule.action), args, kwargs, target)
+        out = func(*new_args, **new_kwargs)
+    finally:
+        engine.suppress -= 1
+    if not above and casts and torch.is_grad_enabled():
+        _queue_bridge(engine, args, kwargs, out, casts, target)
+    return out
+
+
+def _queue_bridge(engine: Engine, args, kwargs, out, casts, target) -> None:
+    if not any(isinstance(a, _Tensor) and a.requires_grad for a in args) and not any(
+        isinstance(v, _Tensor) and v.requires_grad for v in kwargs.values()
+    ) and not any(isinstance(a, (list, tuple)) and any(isinstance(t, _Tensor) and t.requires_grad for t in a) for a in args):
+        return
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    outs = [o for o in outs if isinstance(o, _Tensor)]
+    if outs:
+        engine.pending.append((outs, {id(orig): (orig, target) for orig, _ in casts}))
+
+
+_tls = threading.local()
+
+
+def engine_for_thread() -> Engine:
+    """This thread's engine, created on first use."""
+    engine = getattr(_tls, "engine", None)
+    if engine is None:
+        engine = _tls.engine = Engine()
+    return engine
+
+
+def current_engine() -> Optional[Engine]:
+    return getattr(_tls, "engine", None)

@@ -1,0 +1,99 @@
+"""Facts about ATen operators that the rest of the package asks: overloads, composites,
+in-place and ``out=`` forms, and which arguments an op writes."""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterator, Optional
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+# Note: the composite batch_norm schemas do not mark their running statistics as written,
+# yet the kernels update them in place. A cast copy would swallow those writes, so they are
+# named here as data. Positions are looked up in each overload's schema by name.
+UNMARKED_WRITES = {
+    "batch_norm": ("running_mean", "running_var"),
+    "instance_norm": ("running_mean", "running_var"),
+    "_batch_norm_impl_index": ("running_mean", "running_var"),
+    "native_batch_norm": ("running_mean", "running_var"),
+    "_native_batch_norm_legit": ("running_mean", "running_var"),
+    "cudnn_batch_norm": ("running_mean", "running_var"),
+    "miopen_batch_norm": ("running_mean", "running_var"),
+}
+
+
+def overloads(packet: OpOverloadPacket) -> Iterator[OpOverload]:
+    """The overloads of ``packet`` that exist in the dispatcher (TorchScript-only ones such as
+    ``aten::mul.left_t`` are skipped)."""
+    for name in packet.overloads():
+        try:
+            op = getattr(packet, name)
+        except (AttributeError, RuntimeError):
+            continue
+        if _takes_tensors(op):
+            yield op
+
+
+def _takes_tensors(op: OpOverload) -> bool:
+    # TorchScript's scalar/list overloads (aten::mul.int, aten::mul.left_t) take no tensor
+    # and never reach the dispatcher with one.
+    try:
+        return any("Tensor" in str(a.type) for a in op._schema.arguments)
+    except RuntimeError:
+        return False
+
+
+def is_composite(op: OpOverload) -> bool:
+    """True when ``op`` decomposes above autograd, before a dispatch mode sees it."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+def is_out(op: OpOverload) -> bool:
+    """True for ``out=`` overloads: they write keyword-only tensor arguments."""
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def is_inplace(op: OpOverload) -> bool:
+    """True for in-place overloads (``aten.add_.Tensor``): they write their ``self``."""
+    args = op._schema.arguments
+    return bool(args) and not is_out(op) and args[0].alias_info is not None and args[0].alias_info.is_write
+
+
+def is_functional(op: OpOverload) -> bool:
+    """True when the overload writes none of its arguments."""
+    return not op._schema.is_mutable
+
+
+def op_base_name(op: OpOverload) -> str:
+    """``aten.add_.Tensor`` -> ``add_``."""
+    return op._schema.name.split("::", 1)[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def written_positions(op: OpOverload) -> tuple:
+    """Positions and names of the arguments ``op`` writes: ``((index, name), ...)``."""
+    unmarked = UNMARKED_WRITES.get(op_base_name(op), ())
+    out = []
+    for i, a in enumerate(op._schema.arguments):
+        if (a.alias_info is not None and a.alias_info.is_write) or a.name in unmarked:
+            out.append((i, a.name))
+    return tuple(out)
+
+
+def qualified_name(op: OpOverload) -> str:
+    """``aten.addmm.default`` spelled as Python does."""
+    return str(op)
+
+
+def packet_of(op: OpOverload) -> OpOverloadPacket:
+    return op.overloadpacket
+
+
+def find_packet(namespace: str, name: str) -> Optional[OpOverloadPacket]:
+    """``torch.ops.<namespace>.<name>`` or ``None``."""
+    try:
+        ns = getattr(torch.ops, namespace)
+        return getattr(ns, name)
+    except (AttributeError, RuntimeError):
+        return None

@@ -1,0 +1,111 @@
+"""The public context manager: ``with HpuAutocastMode(dtype=torch.bfloat16): ...``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional, Union
+
+import torch
+
+from . import hpu
+from ._engine import Region, engine_for_thread
+from ._table import compile_policy
+from .policy import Policy
+from .presets import get_preset
+
+__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype"]
+
+
+def _as_policy(policy: Union[str, Policy]) -> Policy:
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        return get_preset(policy)
+    raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
+
+
+class HpuAutocastMode:
+    """Run the enclosed code in mixed precision under an op-overload policy.
+
+    Args:
+        dtype: the lower-precision dtype (``torch.bfloat16`` or ``torch.float16``; the
+            ``hpu`` policy accepts bfloat16 only).
+        policy: a preset name (``"hpu"``, ``"torch-cpu"``, ...) or a ``Policy``.
+        enabled: ``False`` turns casting off for the body, also inside an enabled region.
+        cache_enabled: reuse casts of float32 leaves that require grad within the outermost
+            region, as ``torch.autocast`` does. ``None`` means on, except on HPU where Gaudi's
+            graph mode does this and autocast's cache is always off (seed 000).
+
+    Usable as a context manager or a decorator. Regions nest (the innermost wins) and are
+    per thread, like ``torch.autocast``.
+    """
+
+    def __init__(self, dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
+                 enabled: bool = True, cache_enabled: Optional[bool] = None,
+                 observer: Optional[Callable] = None) -> None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        self.policy = _as_policy(policy)
+        if enabled:
+            self.policy.check_dtype(dtype)
+            hpu.check_dtype(dtype)
+        self.dtype = dtype
+        self.enabled = bool(enabled)
+        self.cache_enabled = hpu.default_cache_enabled() if cache_enabled is None else bool(cache_enabled)
+        if hpu.backend_loaded():
+            self.cache_enabled = False
+        self.observer = observer
+        self._region: Optional[Region] = None
+
+    def __enter__(self) -> "HpuAutocastMode":
+        if self._region is not None:
+            raise RuntimeError("this HpuAutocastMode is already entered; create a new one to nest")
+        compiled = compile_policy(self.policy, self.dtype) if self.enabled else None
+        region = Region(compiled, self.dtype, self.enabled, self.cache_enabled, self.observer)
+        engine_for_thread().push(region)
+        self._region = region
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        region, self._region = self._region, None
+        if region is not None:
+            engine_for_thread().pop(region)
+
+    def __call__(self, fn: Callable) -> Callable:
+        """Decorate ``fn`` so each call runs in a fresh region with these settings."""
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self._clone():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def _clone(self) -> "HpuAutocastMode":
+        return HpuAutocastMode(self.dtype, policy=self.policy, enabled=self.enabled,
+                               cache_enabled=self.cache_enabled, observer=self.observer)
+
+    def __repr__(self) -> str:
+        return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy.name!r}, enabled={self.enabled}, "
+                f"cache_enabled={self.cache_enabled})")
+
+
+def disable_casts() -> HpuAutocastMode:
+    """A region that turns casting off for its body (HMP's ``disable_casts``)."""
+    return HpuAutocastMode(enabled=False)
+
+
+def is_enabled() -> bool:
+    """True when this thread is inside an enabled region."""
+    from ._engine import current_engine
+
+    engine = current_engine()
+    return engine is not None and engine.region is not None
+
+
+def get_dtype() -> Optional[torch.dtype]:
+    """The innermost enabled region's lower-precision dtype, or ``None``."""
+    from ._engine import current_engine
+
+    engine = current_engine()
+    return engine.region.dtype if engine is not None and engine.region is not None else None

@@ -1,0 +1,157 @@
+"""One resolver from the op names users write to the ``OpOverload`` keys policies use.
+
+Accepted spellings (see ``resolve``)::
+
+    addmm  aten::addmm  aten.addmm  aten.addmm.default  addmm.out  aten::addmm.out
+    truediv  iadd  __matmul__  cross_entropy   (Python-level names, via PYTHON_ALIASES)
+    mylib::myop  mylib.myop.default              (custom ops registered with torch.library)
+
+A bare name covers the packet's functional overloads (for a composite such as ``linear``,
+its entry). In-place and ``out=`` overloads are covered only when spelled: ``add_``,
+``addmm.out``, ``iadd``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from typing import Iterable, List, Optional, Tuple
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+from . import _ops
+
+__all__ = ["PolicyError", "resolve", "resolve_many", "Source"]
+
+#: Python-level spellings used by the seed documents and by HMP/Gaudi list files, mapped to
+#: ATen packet names. A tuple maps to several packets.
+PYTHON_ALIASES = {
+    "truediv": "div",
+    "__truediv__": "div",
+    "__rtruediv__": "div",
+    "__rdiv__": "div",
+    "__div__": "div",
+    "itruediv": "div_",
+    "iadd": "add_",
+    "isub": "sub_",
+    "imul": "mul_",
+    "__iadd__": "add_",
+    "__add__": "add",
+    "__radd__": "add",
+    "__sub__": "sub",
+    "__rsub__": "rsub",
+    "__mul__": "mul",
+    "__rmul__": "mul",
+    "__matmul__": "matmul",
+    "__rmatmul__": "matmul",
+    "__pow__": "pow",
+    "__rpow__": "pow",
+    "cross_entropy": "cross_entropy_loss",
+    "multi_dot": "linalg_multi_dot",
+    "grid_sample": "grid_sampler",
+    "GRUCell": "gru_cell",
+    "LSTMCell": "lstm_cell",
+    "RNNCell": ("rnn_tanh_cell", "rnn_relu_cell"),
+    "dropout1d": "feature_dropout",
+    "dropout2d": "feature_dropout",
+    "dropout3d": "feature_dropout",
+}
+
+#: Where a name came from, for error messages: (file or None, line or None).
+Source = Tuple[Optional[str], Optional[int]]
+
+
+class PolicyError(ValueError):
+    """A policy could not be built: an unknown op name, a bad list file, a conflict."""
+
+
+def _where(source: Optional[Source]) -> str:
+    if not source or source[0] is None:
+        return ""
+    file, line = source
+    return f" ({file}, line {line})" if line is not None else f" ({file})"
+
+
+@functools.lru_cache(maxsize=1)
+def _known_names() -> tuple:
+    names = set(PYTHON_ALIASES)
+    for name in dir(torch.ops.aten):
+        if not name.startswith("_") or name.startswith("_convolution"):
+            names.add(name)
+    return tuple(sorted(names))
+
+
+def suggestions(name: str, n: int = 3) -> List[str]:
+    """The closest valid names to ``name``."""
+    bare = name.split("::")[-1].split(".")[-1] if "::" in name else name.replace("aten.", "")
+    return difflib.get_close_matches(bare, _known_names(), n=n, cutoff=0.6)
+
+
+def _unknown(name: str, source: Optional[Source], why: str = "unknown op") -> PolicyError:
+    close = suggestions(name)
+    hint = f"; closest valid names: {', '.join(close)}" if close else ""
+    return PolicyError(f"{why} {name!r}{_where(source)}{hint}")
+
+
+def _split(name: str) -> Tuple[str, str, Optional[str]]:
+    """``(namespace, packet name, overload or None)`` for one spelling."""
+    if "::" in name:
+        ns, rest = name.split("::", 1)
+        base, _, overload = rest.partition(".")
+        return ns, base, overload or None
+    parts = name.split(".")
+    if len(parts) == 3:
+        return parts[0], parts[1], parts[2]
+    if len(parts) == 2:
+        # "aten.addmm" (namespace.name) or "addmm.out" (name.overload)?
+        if _ops.find_packet(parts[0], parts[1]) is not None and _ops.find_packet("aten", parts[0]) is None:
+            return parts[0], parts[1], None
+        return "aten", parts[0], parts[1]
+    return "aten", name, None
+
+
+def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
+    """The overloads ``name`` stands for. Raises ``PolicyError`` naming it when it is unknown."""
+    if not isinstance(name, str) or not name.strip():
+        raise PolicyError(f"op names must be non-empty strings, got {name!r}{_where(source)}")
+    name = name.strip()
+    if isinstance(name, str) and name in PYTHON_ALIASES:
+        targets = PYTHON_ALIASES[name]
+        targets = (targets,) if isinstance(targets, str) else targets
+        return [op for t in targets for op in resolve(t, source)]
+    ns, base, overload = _split(name)
+    if ns == "aten" and base in PYTHON_ALIASES and overload is None:
+        return resolve(base, source)
+    packet = _ops.find_packet(ns, base)
+    if packet is None or not isinstance(packet, OpOverloadPacket):
+        raise _unknown(name, source)
+    if overload is not None:
+        try:
+            return [getattr(packet, overload)]
+        except (AttributeError, RuntimeError):
+            valid = ", ".join(sorted(packet.overloads()))
+            raise PolicyError(
+                f"unknown overload {name!r}{_where(source)}; {ns}::{base} has: {valid}"
+            ) from None
+    ops = list(_ops.overloads(packet))
+    if base.endswith("_"):
+        # A spelled in-place packet: every overload of it.
+        return ops
+    functional = [op for op in ops if _ops.is_functional(op)]
+    if not functional:
+        raise _unknown(name, source, why="op has no functional overload:")
+    return functional
+
+
+def resolve_many(names: Iterable, source_file: Optional[str] = None) -> List[OpOverload]:
+    """Resolve several names (or ``OpOverload``/``OpOverloadPacket`` objects) in order."""
+    out: List[OpOverload] = []
+    for i, name in enumerate(names):
+        if isinstance(name, OpOverload):
+            out.append(name)
+        elif isinstance(name, OpOverloadPacket):
+            out.extend(op for op in _ops.overloads(name) if _ops.is_functional(op))
+        else:
+            out.extend(resolve(name, (source_file, None) if source_file else None))
+    return out
