@@ -176,6 +176,8 @@ class _FunctionMode(TorchFunctionMode):
     def __init__(self, engine: Engine) -> None:
         super().__init__()
         self.engine = engine
+        # Python-level functions being re-entered, to stop at their second hop (see below).
+        self._reentered: List[Callable] = []
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         engine = self.engine
@@ -187,11 +189,17 @@ class _FunctionMode(TorchFunctionMode):
             return func(*args, **kwargs)
         frule = region.compiled.function.get(func)
         if frule is None:
-            if _compat.HAS_REDISPATCH and type(func) is types.FunctionType:
+            if _compat.HAS_REDISPATCH and type(func) is types.FunctionType and func not in self._reentered:
                 # A Python-level function (F.cross_entropy, Tensor.__rpow__): run its body with
                 # this mode still active, so the builtins it calls are seen.
-                with self:
-                    return _compat.redispatch(func, types_, args, kwargs)
+                # Note: some bodies (Tensor.unflatten) call their C base, which reports the same
+                # Python function again; that second hop runs plainly, or it would recurse.
+                self._reentered.append(func)
+                try:
+                    with self:
+                        return _compat.redispatch(func, types_, args, kwargs)
+                finally:
+                    self._reentered.pop()
             return func(*args, **kwargs)
         rule = frule.select(args, kwargs)
         if rule is None or rule is DEFER:
