@@ -216,8 +216,8 @@ class Recorder:
         elif rule is not None and d.action == "fp32":
             low = sorted({short_dtype(t) for t in d.inputs if t in _LOWER_DTYPES})
             if low:
-                self._warn(("fp32-fed", d.op), f"{d.op} runs in f32 (fp32 list) but got {','.join(low)} input: "
-                           f"its producer already rounded it; consider moving the producer to the fp32 list")
+                self._warn(("fp32-fed", d.op), f"{d.op} (fp32 list) got {','.join(low)} input: it computes in f32 "
+                           f"from values already rounded; move their producer to the fp32 list if that matters")
 
     def _warn(self, key: tuple, message: str) -> None:
         entry = self._warnings.get(key)
