@@ -96,6 +96,14 @@ def _meta(x):
     return torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x
 
 
+def _signature(x):
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape))
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(a) for a in x)
+    return x
+
+
 def _flops(func, args: tuple, kwargs: dict) -> Optional[int]:
     """FLOPs of ``func(*args, **kwargs)`` by the registry's formulas, from shapes alone."""
     margs, mkwargs = tree_map(_meta, (args, kwargs))
@@ -130,6 +138,7 @@ class Recorder:
         self._cached: Dict[int, weakref.ref] = {}
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
+        self._flop_cache: Dict[tuple, Optional[int]] = {}
 
     # The engine's observer signature.
     def __call__(self, level, rule, func, reason, args, kwargs, target) -> None:
@@ -151,12 +160,23 @@ class Recorder:
             row.cast_bytes += nbytes
         op = rule.op if rule is not None else func
         if _ops.op_base_name(op) in _FLOP_OPS:
-            f = _flops(func, args, kwargs)
+            f = self._flops_of(func, args, kwargs)
             if f is not None:
                 row.flops = (row.flops or 0) + f
             else:
                 self._warn(("flops", d.op), f"{d.op}: FLOPs unknown (no meta kernel); not counted")
         self._check(d, rule, args, kwargs)
+
+    def _flops_of(self, func, args, kwargs) -> Optional[int]:
+        # FLOPs depend on shapes and the non-tensor arguments alone: one shape run per signature.
+        try:
+            key = (func, _signature(args), _signature(tuple(kwargs.items())))
+            hash(key)
+        except TypeError:
+            return _flops(func, args, kwargs)
+        if key not in self._flop_cache:
+            self._flop_cache[key] = _flops(func, args, kwargs)
+        return self._flop_cache[key]
 
     def _count_casts(self, d: Decision, rule, args, kwargs, target, region, above: bool) -> Tuple[int, int]:
         # Mirrors Engine.cast_args: which tensors are cast, and which casts the cache serves.
