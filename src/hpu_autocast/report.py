@@ -412,7 +412,9 @@ def record(dtype: torch.dtype = torch.bfloat16, **mode_kwargs) -> Iterator[Recor
 
     rec = Recorder()
     observer = combine_observers(rec, mode_kwargs.pop("observer", None))
-    with HpuAutocastMode(dtype, observer=observer, **mode_kwargs):
+    mode = HpuAutocastMode(dtype, observer=observer, **mode_kwargs)
+    rec.policy, rec.dtype = mode.policy.name, mode.dtype
+    with mode:
         yield rec
 
 
