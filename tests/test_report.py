@@ -197,3 +197,32 @@ digraph ops {
   n4 -> n5;
 }
 """
+
+
+_INTEGRATED = hasattr(HpuAutocastMode, "report")
+_needs_integration = pytest.mark.skipif(not _INTEGRATED, reason="HpuAutocastMode(record=, verbose=) not integrated yet")
+
+
+@_needs_integration
+def test_mode_record_and_report():
+    lin, x, y = _model()
+    mode = HpuAutocastMode(record=True)
+    with mode:
+        F.cross_entropy(F.relu(lin(x)), y)
+    assert str(mode.report()) == EXPECTED
+    with mode:  # report() is of the last region
+        lin(x)
+    assert [r.op for r in mode.report().rows] == ["aten.linear.default"]
+    with pytest.raises(RuntimeError, match=r"needs HpuAutocastMode\(..., record=True\)"):
+        HpuAutocastMode().report()
+
+
+@_needs_integration
+def test_mode_verbose_logs(caplog):
+    import logging
+
+    lin, x, _ = _model()
+    with caplog.at_level(logging.DEBUG, logger="hpu_autocast"):
+        with HpuAutocastMode(verbose=True):
+            lin(x)
+    assert [r.getMessage() for r in caplog.records] == ["aten.linear.default  lower  f32,f32,f32 -> bf16"]
