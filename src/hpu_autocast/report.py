@@ -375,9 +375,7 @@ class PrecisionReport:
         """Write a PNG or SVG (by ``path``'s suffix): matmul/conv FLOPs and op calls by compute
         dtype, and the ops that cast most. Needs matplotlib (``pip install matplotlib``)."""
         try:
-            import matplotlib
-            matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
+            from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
         except ImportError:
             raise ImportError("PrecisionReport.plot needs matplotlib: pip install matplotlib") from None
         calls: Dict[str, int] = {}
@@ -388,7 +386,8 @@ class PrecisionReport:
             casts[r.op] = casts.get(r.op, 0) + r.casts
         top = sorted(((n, op) for op, n in casts.items() if n), reverse=True)[:10]
         flops = self.flops_by_dtype
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        fig = Figure(figsize=(13, 3.8))
+        axes = fig.subplots(1, 3)
         axes[0].bar(list(flops), list(flops.values()), color="#4c72b0")
         axes[0].set_title("matmul/conv FLOPs by dtype")
         axes[1].bar(list(calls), list(calls.values()), color="#55a868")
@@ -398,7 +397,6 @@ class PrecisionReport:
         fig.suptitle(f"hpu_autocast: policy {self.policy}, dtype {self.dtype}")
         fig.tight_layout()
         fig.savefig(str(path))
-        plt.close(fig)
 
     def __repr__(self) -> str:
         return f"PrecisionReport({len(self.rows)} rows, {self.casts} casts, {len(self.warnings)} warnings)"
