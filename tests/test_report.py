@@ -131,8 +131,9 @@ def test_warnings_worth_acting_on():
         "promotion; list it to decide (2 calls)",
         "aten.log.default (fp32 list) got bf16 input: it computes in f32 from values already rounded; "
         "move their producer to the fp32 list if that matters",
-        "the same f32[2, 2] tensor was cast to bf16 2 times, unchanged (by aten.mm.default): cast it once and "
-        "reuse the copy",
+        # m twice unchanged (one extra), then, after add_, twice within one mm (one more).
+        "f32[2, 2] tensor cast to bf16 again while unchanged: 2 extra cast(s) (by aten.mm.default); cast it "
+        "once and reuse the copy",
     ]
 
 

@@ -134,7 +134,7 @@ class Recorder:
         self.rows: Dict[tuple, Row] = {}
         self.policy: Optional[str] = None
         self.dtype: Optional[torch.dtype] = None
-        self._warnings: Dict[tuple, List] = {}   # key -> [message, count]
+        self._warnings: Dict[tuple, list] = {}   # key -> [message, count, {op: None}]
         self._cached: Dict[int, weakref.ref] = {}
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
@@ -220,10 +220,11 @@ class Recorder:
             self._casts[key] = [weakref.ref(t), 1, [op], t._version]
             return
         entry[1] += 1
+        # One warning per kind of tensor, not per tensor: a training loop repeats its casts.
+        desc = f"{short_dtype(t.dtype)}{list(t.shape)}"
+        self._warn(("recast", desc, target), f"{desc} tensor cast to {short_dtype(target)} again while unchanged: "
+                   "{n} extra cast(s) (by {ops}); cast it once and reuse the copy", entry[2][0], op)
         entry[2].append(op)
-        ops = ", ".join(dict.fromkeys(entry[2]))
-        self._warn(("recast", key), f"the same {short_dtype(t.dtype)}{list(t.shape)} tensor was cast to "
-                   f"{short_dtype(target)} {entry[1]} times, unchanged (by {ops}): cast it once and reuse the copy")
 
     def _check(self, d: Decision, rule, args, kwargs) -> None:
         if d.action == "not listed":
@@ -239,19 +240,24 @@ class Recorder:
                 self._warn(("fp32-fed", d.op), f"{d.op} (fp32 list) got {','.join(low)} input: it computes in f32 "
                            f"from values already rounded; move their producer to the fp32 list if that matters")
 
-    def _warn(self, key: tuple, message: str) -> None:
+    def _warn(self, key: tuple, message: str, *ops: str) -> None:
+        # message may name {n} (how many times) and {ops} (the ops involved); otherwise a
+        # count above one is appended at report time.
         entry = self._warnings.get(key)
         if entry is None:
-            self._warnings[key] = [message, 1]
-        else:
-            entry[0] = message if key[0] == "recast" else entry[0]
-            entry[1] += 1
+            entry = self._warnings[key] = [message, 0, {}]
+        entry[1] += 1
+        entry[2].update(dict.fromkeys(ops))
 
     def report(self) -> "PrecisionReport":
         """What was recorded so far, as a ``PrecisionReport`` (a snapshot)."""
         rows = [Row(**asdict(r)) for r in self.rows.values()]
-        warnings = [m if n == 1 or key[0] == "recast" else f"{m} ({n} calls)"
-                    for key, (m, n) in self._warnings.items()]
+        warnings = []
+        for m, n, ops in self._warnings.values():
+            if "{n}" in m:
+                warnings.append(m.format(n=n, ops=", ".join(ops)))
+            else:
+                warnings.append(m if n == 1 else f"{m} ({n} calls)")
         return PrecisionReport(rows, warnings, self.policy, short_dtype(self.dtype) if self.dtype else None)
 
 
