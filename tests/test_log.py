@@ -120,3 +120,27 @@ def test_first_on_inplace_follows_self(caplog):
 
     # HMP (seed 001): "For in-place OPs ... cast all inputs to precision type of 1st input."
     assert _lines(caplog, body) == "aten.add_.Tensor  first  bf16,f32 -> bf16"
+
+
+def test_policy_defaults_are_marked(caplog):
+    # A policy whose functional ops not in its table run in their first input's dtype (HMP).
+    import dataclasses
+
+    from hpu_autocast import CastPolicy, get_preset
+
+    policy = dataclasses.replace(get_preset("hpu"), name="first-default", unlisted=CastPolicy.FIRST)
+    h, x = torch.ones(2, dtype=torch.bfloat16), torch.ones(2)
+    assert _lines(caplog, lambda: torch.maximum(h, x), policy=policy) == \
+        "aten.maximum.default  first (unlisted)  bf16,f32 -> bf16"
+
+
+@pytest.mark.xfail(strict=True, reason="_table.default_rule treats every op whose return aliases an input as "
+                   "a view, so in-place ops (Tensor(a!) returns) never get the policy's `inplace` default")
+def test_inplace_default_applies(caplog):
+    import dataclasses
+
+    from hpu_autocast import CastPolicy, get_preset
+
+    policy = dataclasses.replace(get_preset("hpu"), name="inplace-default", inplace=CastPolicy.FIRST)
+    z = torch.ones(2)
+    assert _lines(caplog, lambda: z.relu_(), policy=policy) == "aten.relu_.default  first (in-place)  f32 -> f32"

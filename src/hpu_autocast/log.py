@@ -98,9 +98,11 @@ def _explicit_dtype(args: tuple, kwargs: dict) -> Optional[torch.dtype]:
 
 
 def classify(level: str, rule, func: Any, reason: str, args: tuple, kwargs: dict,
-             target: Optional[torch.dtype]) -> Optional[Decision]:
+             target: Optional[torch.dtype], compiled=None) -> Optional[Decision]:
     """Turn one observer call into a ``Decision``; ``None`` for calls the log leaves out
-    (see the note at the top of this module)."""
+    (see the note at the top of this module). With the region's compiled policy, a rule that
+    comes from the policy's defaults for ops not in its table (HMP's "run in the dtype of the
+    first input") is marked: ``first (unlisted)``, ``first (in-place)``."""
     if rule is None and level == "function":
         return None
     tensors = list(_tensors(args, kwargs))
@@ -118,6 +120,8 @@ def classify(level: str, rule, func: Any, reason: str, args: tuple, kwargs: dict
         mine_fl = [t for t in _tensors(tuple(mine), kwargs) if t.is_floating_point()]
         if mine_fl and all(t.dtype is torch.float64 for t in mine_fl):
             return Decision(op, "ineligible: float64", inputs, torch.float64, level)
+        if compiled is not None and rule.op not in compiled.dispatch:
+            reason = f"{reason} ({'in-place' if _ops.is_inplace(rule.op) else 'unlisted'})"
         return Decision(op, reason, inputs, target, level)
     # Dispatch level, not in the table: classify by the overload's schema.
     if not isinstance(func, OpOverload):
@@ -133,6 +137,14 @@ def classify(level: str, rule, func: Any, reason: str, args: tuple, kwargs: dict
     if _is_view(func):
         return None
     return Decision(str(func), "not listed", inputs, _explicit_dtype(args, kwargs) or _promoted(floating), level)
+
+
+def _compiled():
+    from ._engine import current_engine
+
+    engine = current_engine()
+    region = engine.region if engine is not None else None
+    return region.compiled if region is not None else None
 
 
 def _is_view(op: OpOverload) -> bool:
@@ -152,7 +164,7 @@ def make_log_observer(logger: Optional[logging.Logger] = None) -> Callable:
     def observe(level, rule, func, reason, args, kwargs, target):
         if not log.isEnabledFor(logging.DEBUG):
             return
-        d = classify(level, rule, func, reason, args, kwargs, target)
+        d = classify(level, rule, func, reason, args, kwargs, target, _compiled())
         if d is not None:
             log.debug("%s", format_line(d))
 

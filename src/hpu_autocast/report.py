@@ -40,6 +40,7 @@ from torch.utils.flop_counter import flop_registry
 from . import _ops
 from ._engine import current_engine
 from .log import Decision, _tensors, classify, combine_observers, short_dtype
+from .policy import CastPolicy
 from .rules import is_eligible
 
 __all__ = ["Recorder", "PrecisionReport", "Row", "record", "op_graph"]
@@ -142,10 +143,10 @@ class Recorder:
 
     # The engine's observer signature.
     def __call__(self, level, rule, func, reason, args, kwargs, target) -> None:
-        d = classify(level, rule, func, reason, args, kwargs, target)
+        region = _region()
+        d = classify(level, rule, func, reason, args, kwargs, target, region.compiled if region is not None else None)
         if d is None:
             return
-        region = _region()
         if region is not None and self.dtype is None:
             self.dtype = region.dtype
             self.policy = region.compiled.policy.name
@@ -154,7 +155,7 @@ class Recorder:
         if row is None:
             row = self.rows[key] = Row(d.op, d.action, ",".join(map(short_dtype, d.inputs)), short_dtype(d.compute))
         row.calls += 1
-        if rule is not None and target is not None and reason == str(rule.action):
+        if rule is not None and target is not None and reason == str(rule.action):  # the policy cast
             n, nbytes = self._count_casts(d, rule, args, kwargs, target, region, level == "function")
             row.casts += n
             row.cast_bytes += nbytes
@@ -234,7 +235,7 @@ class Recorder:
                 names = ",".join(short_dtype(t) for t in sorted(mixed, key=str))
                 self._warn(("mixed", d.op), f"{d.op} is on no list and got mixed floating dtypes ({names}): "
                            f"it runs in {short_dtype(d.compute)} by type promotion; list it to decide")
-        elif rule is not None and d.action == "fp32":
+        elif rule is not None and rule.action is CastPolicy.FP32 and not d.action.startswith("ineligible"):
             low = sorted({short_dtype(t) for t in d.inputs if t in _LOWER_DTYPES})
             if low:
                 self._warn(("fp32-fed", d.op), f"{d.op} (fp32 list) got {','.join(low)} input: it computes in f32 "
