@@ -46,8 +46,8 @@ move their producer to the fp32 list if that matters
 def test_report_command_on_the_demo(tmp_path):
     # Run as a user would, in a fresh interpreter.
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-m", "hpu_autocast._report_cli", "report", "--json", str(tmp_path / "r.json"),
-                          DEMO], capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
+    cmd = [sys.executable, "-m", "hpu_autocast._report_cli", "report", "--json", str(tmp_path / "r.json"), DEMO]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     loss, report = out.split("\n", 1)
     assert re.fullmatch(r"loss \d+\.\d{4}", loss)
     # Forward: linear 2*5*8*16 = 1280 and 2*5*16*4 = 640 FLOPs in bf16. Backward (inside the
@@ -109,7 +109,8 @@ def test_list_flags_use_the_overrides_module(tmp_path, monkeypatch, capsys):
         calls.append((preset, lower, fp32))
         return build_policy("from-files", fp32=["mm"])
 
-    monkeypatch.setitem(sys.modules, "hpu_autocast.overrides", types.SimpleNamespace(policy_from_files=policy_from_files))
+    fake = types.SimpleNamespace(policy_from_files=policy_from_files)
+    monkeypatch.setitem(sys.modules, "hpu_autocast.overrides", fake)
     script = tmp_path / "s.py"
     script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n")
     assert _report_cli.main(["report", "--fp32-list", "f.txt", str(script)]) == 0

@@ -67,7 +67,8 @@ class _GraphMode(TorchDispatchMode):
         self.count += 1
         result = ", ".join(_desc(o) for o in outs)
         if func is _CAST and ins and outs and ins[0].dtype != outs[0].dtype:
-            label, style = f"cast {short_dtype(ins[0].dtype)} -> {short_dtype(outs[0].dtype)}", ', style=filled, fillcolor="#f4a6a6"'
+            label = f"cast {short_dtype(ins[0].dtype)} -> {short_dtype(outs[0].dtype)}"
+            style = ', style=filled, fillcolor="#f4a6a6"'
         else:
             label = str(func).replace("aten.", "", 1)
             low = outs and all(o.dtype in _LOWER for o in outs)

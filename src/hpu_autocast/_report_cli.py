@@ -37,7 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES), help="lower-precision dtype (default: bfloat16)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES),
+                   help="lower-precision dtype (default: bfloat16)")
     if _overrides() is not None:
         p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
         p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")

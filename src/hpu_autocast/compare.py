@@ -101,7 +101,8 @@ def compare(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="
     ref_leaves, ref_spec = tree_flatten_with_path(ref)
     out_leaves, out_spec = tree_flatten_with_path(out)
     if ref_spec != out_spec:
-        raise ValueError(f"fn returned differently structured outputs: {ref_spec} in float32, {out_spec} under the mode")
+        raise ValueError(f"fn returned differently structured outputs: {ref_spec} in float32, "
+                         f"{out_spec} under the mode")
     errors = []
     for (path, r), (_, o) in zip(ref_leaves, out_leaves):
         if isinstance(r, torch.Tensor) and isinstance(o, torch.Tensor) and r.is_floating_point():

@@ -193,7 +193,8 @@ class Recorder:
             if rule.input_only:
                 break
         if not rule.input_only:
-            tensors.extend(v for k, v in kwargs.items() if k not in rule.protected_names and isinstance(v, torch.Tensor))
+            tensors.extend(v for k, v in kwargs.items()
+                           if k not in rule.protected_names and isinstance(v, torch.Tensor))
         n = nbytes = 0
         for t in tensors:
             if not is_eligible(t) or t.dtype is target:
