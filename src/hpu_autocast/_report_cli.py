@@ -1,0 +1,99 @@
+"""``hpu-autocast report SCRIPT.py [args]``: run an unmodified script under the mode and print
+the precision report when it ends.
+
+``cli.py`` registers the subcommand with ``add_parser(subparsers)``; ``python -m
+hpu_autocast._report_cli report ...`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import runpy
+import sys
+from typing import List, Optional
+
+import torch
+
+__all__ = ["add_parser", "run", "main"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16}
+
+
+def _overrides():
+    """The list-file loader of ``hpu_autocast.overrides`` if this build has one, else ``None``."""
+    try:
+        mod = importlib.import_module("hpu_autocast.overrides")
+    except ImportError:
+        return None
+    return getattr(mod, "policy_from_files", None)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``report`` subcommand on an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "report", help="run a script under the mode and print what ran in which dtype",
+        description="Run SCRIPT.py (with its arguments) under HpuAutocastMode and print the precision report at exit.")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES),
+                   help="lower-precision dtype (default: bfloat16)")
+    if _overrides() is not None:
+        p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
+        p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")
+    p.add_argument("--plot", metavar="PATH", help="also draw the report (PNG or SVG; needs matplotlib)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _policy(ns: argparse.Namespace):
+    lower, fp32 = getattr(ns, "lower_list", None), getattr(ns, "fp32_list", None)
+    if lower or fp32:
+        return _overrides()(ns.preset, lower=lower, fp32=fp32)
+    return ns.preset
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run the script under the mode; print the report (also when the script fails)."""
+    from .mode import HpuAutocastMode
+    from .report import Recorder
+
+    rec = Recorder()
+    # Note: the whole script is one region, optimizer steps included. The cast cache assumes
+    # weights do not change inside a region (as torch.autocast's does), so it is off here.
+    mode = HpuAutocastMode(_DTYPES[ns.dtype], policy=_policy(ns), cache_enabled=False, observer=rec)
+    argv, sys.argv = sys.argv, [ns.script, *ns.args]
+    code = 0
+    try:
+        with mode:
+            try:
+                runpy.run_path(ns.script, run_name="__main__")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+        report = rec.report()
+        print(report)
+    if ns.json:
+        with open(ns.json, "w") as f:
+            f.write(report.to_json() + "\n")
+    if ns.markdown:
+        with open(ns.markdown, "w") as f:
+            f.write(report.to_markdown() + "\n")
+    if ns.plot:
+        report.plot(ns.plot)
+    return code
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpu_autocast._report_cli")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    ns = parser.parse_args(argv)
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

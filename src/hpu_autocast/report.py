@@ -1,0 +1,432 @@
+"""See what ran in which dtype: a ``Recorder`` observer and the ``PrecisionReport`` it builds.
+
+    >>> with record(dtype=torch.bfloat16, policy="hpu") as rec:
+    ...     loss = model(x).sum()
+    >>> print(rec.report())
+
+The report has one row per (op overload, action, input dtypes -> compute dtype), with the
+calls, the casts the engine inserted and the bytes they wrote, and the matmul/conv FLOPs;
+then the share of those FLOPs that ran in lower precision, and warnings worth acting on.
+
+[Note: counting casts] A cast is an eligible input (floating, not float64, not written by
+the op, the first tensor only for ``input_only`` ops) whose dtype differs from the compute
+dtype; it writes ``numel * itemsize(compute dtype)`` bytes. Casts the engine serves from its
+cache (float32 leaves that require grad, cast above autograd, within the outermost region:
+the weights) are counted once per region, as the engine makes them once.
+
+[Note: counting FLOPs] FLOPs are those ``torch.utils.flop_counter`` counts, from its own
+formula registry (``flop_registry``: mm, addmm, bmm, baddbmm, convolution, attention). The
+function level reports composites (``linear``, ``matmul``, ``conv2d``,
+``scaled_dot_product_attention``) whose insides are not reported, so the recorder runs each
+matmul/conv-like call once more on ``meta`` tensors (shapes only, no data, no compute) under
+a small dispatch mode that applies the registry's formulas to what the composite decomposes
+into. The call's FLOPs are attributed to its compute dtype. Ops the registry has no formula
+for (``dot``, ``mv``) count zero, as in ``FlopCounterMode``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import flop_registry
+
+from . import _ops
+from ._engine import current_engine
+from .log import Decision, _tensors, classify, combine_observers, short_dtype
+from .policy import CastPolicy
+from .rules import is_eligible
+
+__all__ = ["Recorder", "PrecisionReport", "Row", "record", "op_graph"]
+
+_LOWER_DTYPES = (torch.bfloat16, torch.float16)
+_PRUNE_AT = 4096
+
+#: Composites that decompose into the registry's matmul/conv/attention ops. Packets the
+#: registry names directly (mm, addmm, bmm, convolution, ...) are added below.
+_FLOP_COMPOSITES = frozenset({
+    "linear", "matmul", "bilinear", "einsum", "tensordot", "addbmm", "chain_matmul", "linalg_multi_dot",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_tbc",
+    "scaled_dot_product_attention",
+})
+_FLOP_OPS = _FLOP_COMPOSITES | frozenset(
+    getattr(p, "_qualified_op_name", str(p)).split("::")[-1] for p in flop_registry)
+
+
+@dataclass
+class Row:
+    """Calls of one op overload with one action and one dtype signature."""
+
+    op: str
+    action: str
+    inputs: str      #: ``f32,f32``
+    compute: str     #: ``bf16``
+    calls: int = 0
+    casts: int = 0
+    cast_bytes: int = 0
+    flops: Optional[int] = None  #: ``None`` for ops that are not matmul/conv-like
+
+    @property
+    def dtypes(self) -> str:
+        return f"{self.inputs} -> {self.compute}"
+
+
+class _FlopCounter(TorchDispatchMode):
+    """Sums ``flop_registry``'s formulas over the ATen calls it sees (run on meta tensors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
+
+
+def _meta(x):
+    return torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x
+
+
+def _signature(x):
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape))
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(a) for a in x)
+    return x
+
+
+def _flops(func, args: tuple, kwargs: dict) -> Optional[int]:
+    """FLOPs of ``func(*args, **kwargs)`` by the registry's formulas, from shapes alone."""
+    margs, mkwargs = tree_map(_meta, (args, kwargs))
+    engine = current_engine()
+    # The engine is inside one of its own calls: keep its modes out of the shape run.
+    if engine is not None:
+        engine.suppress += 1
+    try:
+        with _FlopCounter() as counter:
+            func(*margs, **mkwargs)
+    except Exception:  # a kernel with no meta implementation: the FLOPs are unknown
+        return None
+    finally:
+        if engine is not None:
+            engine.suppress -= 1
+    return counter.total
+
+
+class Recorder:
+    """An engine observer that tallies what ran in which dtype. Pass it as
+    ``HpuAutocastMode(observer=...)`` (or use ``record``) and call ``report()`` afterwards.
+
+    Cheap: a dictionary update per call, a cast count for calls the policy casts, and a shapes
+    only rerun for matmul/conv-like calls (see the note at the top of this module).
+    """
+
+    def __init__(self) -> None:
+        self.rows: Dict[tuple, Row] = {}
+        self.policy: Optional[str] = None
+        self.dtype: Optional[torch.dtype] = None
+        self._warnings: Dict[tuple, list] = {}   # key -> [message, count, {op: None}]
+        self._cached: Dict[int, weakref.ref] = {}
+        self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
+        self._prune_at = _PRUNE_AT
+        self._flop_cache: Dict[tuple, Optional[int]] = {}
+
+    # The engine's observer signature.
+    def __call__(self, level, rule, func, reason, args, kwargs, target) -> None:
+        region = _region()
+        d = classify(level, rule, func, reason, args, kwargs, target, region.compiled if region is not None else None)
+        if d is None:
+            return
+        if region is not None and self.dtype is None:
+            self.dtype = region.dtype
+            self.policy = region.compiled.policy.name
+        key = (d.op, d.action, d.inputs, d.compute)
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = Row(d.op, d.action, ",".join(map(short_dtype, d.inputs)), short_dtype(d.compute))
+        row.calls += 1
+        if rule is not None and target is not None and reason == str(rule.action):  # the policy cast
+            n, nbytes = self._count_casts(d, rule, args, kwargs, target, region, level == "function")
+            row.casts += n
+            row.cast_bytes += nbytes
+        op = rule.op if rule is not None else func
+        if _ops.op_base_name(op) in _FLOP_OPS:
+            f = self._flops_of(func, args, kwargs)
+            if f is not None:
+                row.flops = (row.flops or 0) + f
+            else:
+                self._warn(("flops", d.op), f"{d.op}: FLOPs unknown (no meta kernel); not counted")
+        self._check(d, rule, args, kwargs)
+
+    def _flops_of(self, func, args, kwargs) -> Optional[int]:
+        # FLOPs depend on shapes and the non-tensor arguments alone: one shape run per signature.
+        try:
+            key = (func, _signature(args), _signature(tuple(kwargs.items())))
+            hash(key)
+        except TypeError:
+            return _flops(func, args, kwargs)
+        if key not in self._flop_cache:
+            self._flop_cache[key] = _flops(func, args, kwargs)
+        return self._flop_cache[key]
+
+    def _count_casts(self, d: Decision, rule, args, kwargs, target, region, above: bool) -> Tuple[int, int]:
+        # Mirrors Engine.cast_args: which tensors are cast, and which casts the cache serves.
+        cache = (region is not None and region.cache_enabled and target is region.dtype and above)
+        tensors = []
+        for i, a in enumerate(args):
+            if i in rule.protected:
+                continue
+            if isinstance(a, torch.Tensor):
+                tensors.append(a)
+            elif isinstance(a, (list, tuple)):
+                tensors.extend(t for t in a if isinstance(t, torch.Tensor))
+            if rule.input_only:
+                break
+        if not rule.input_only:
+            tensors.extend(v for k, v in kwargs.items()
+                           if k not in rule.protected_names and isinstance(v, torch.Tensor))
+        n = nbytes = 0
+        for t in tensors:
+            if not is_eligible(t) or t.dtype is target:
+                continue
+            if cache and t.dtype is torch.float32 and t.requires_grad and t.is_leaf and not t._is_view():
+                ref = self._cached.get(id(t))
+                if ref is not None and ref() is t:
+                    continue  # served from the engine's cast cache
+                self._cached[id(t)] = weakref.ref(t)
+            n += 1
+            nbytes += t.numel() * target.itemsize
+            self._note_cast(t, target, d.op)
+        return n, nbytes
+
+    def _note_cast(self, t: torch.Tensor, target: torch.dtype, op: str) -> None:
+        # A repeat is the same tensor, unchanged since (same version), cast again: weights
+        # that an optimizer step updated in between are cast anew, rightly.
+        key = (id(t), target)
+        entry = self._casts.get(key)
+        if entry is None or entry[0]() is not t or entry[3] != t._version:
+            if len(self._casts) >= self._prune_at:  # long recordings: forget freed tensors
+                self._casts = {k: v for k, v in self._casts.items() if v[0]() is not None}
+                self._cached = {k: v for k, v in self._cached.items() if v() is not None}
+                self._prune_at = max(_PRUNE_AT, 2 * len(self._casts))
+            self._casts[key] = [weakref.ref(t), 1, [op], t._version]
+            return
+        entry[1] += 1
+        # One warning per kind of tensor, not per tensor: a training loop repeats its casts.
+        desc = f"{short_dtype(t.dtype)}{list(t.shape)}"
+        self._warn(("recast", desc, target), f"{desc} tensor cast to {short_dtype(target)} again while unchanged: "
+                   "{n} extra cast(s) (by {ops}); cast it once and reuse the copy", entry[2][0], op)
+        entry[2].append(op)
+
+    def _check(self, d: Decision, rule, args, kwargs) -> None:
+        if d.action == "not listed":
+            # Zero-dimensional tensors do not take part in promotion against dimensioned ones.
+            mixed = {t.dtype for t in _tensors(args, kwargs) if t.is_floating_point() and t.dim() > 0}
+            if len(mixed) > 1:
+                names = ",".join(short_dtype(t) for t in sorted(mixed, key=str))
+                self._warn(("mixed", d.op), f"{d.op} is on no list and got mixed floating dtypes ({names}): "
+                           f"it runs in {short_dtype(d.compute)} by type promotion; list it to decide")
+        elif rule is not None and rule.action is CastPolicy.FP32 and not d.action.startswith("ineligible"):
+            low = sorted({short_dtype(t) for t in d.inputs if t in _LOWER_DTYPES})
+            if low:
+                self._warn(("fp32-fed", d.op), f"{d.op} (fp32 list) got {','.join(low)} input: it computes in f32 "
+                           f"from values already rounded; move their producer to the fp32 list if that matters")
+
+    def _warn(self, key: tuple, message: str, *ops: str) -> None:
+        # message may name {n} (how many times) and {ops} (the ops involved); otherwise a
+        # count above one is appended at report time.
+        entry = self._warnings.get(key)
+        if entry is None:
+            entry = self._warnings[key] = [message, 0, {}]
+        entry[1] += 1
+        entry[2].update(dict.fromkeys(ops))
+
+    def report(self) -> "PrecisionReport":
+        """What was recorded so far, as a ``PrecisionReport`` (a snapshot)."""
+        rows = [Row(**asdict(r)) for r in self.rows.values()]
+        warnings = []
+        for m, n, ops in self._warnings.values():
+            if "{n}" in m:
+                warnings.append(m.format(n=n, ops=", ".join(ops)))
+            else:
+                warnings.append(m if n == 1 else f"{m} ({n} calls)")
+        return PrecisionReport(rows, warnings, self.policy, short_dtype(self.dtype) if self.dtype else None)
+
+
+def _region():
+    engine = current_engine()
+    return engine.region if engine is not None else None
+
+
+def _table(header: List[str], rows: List[List[str]], right: set) -> List[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out = []
+    for r in [header, *rows]:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+class PrecisionReport:
+    """What ran in which dtype in one recording. ``str()`` is a readable table;
+    ``to_json()``, ``to_markdown()`` and ``plot(path)`` give the same data in other forms."""
+
+    def __init__(self, rows: List[Row], warnings: List[str], policy: Optional[str], dtype: Optional[str]) -> None:
+        self.rows = rows
+        self.warnings = warnings
+        self.policy = policy
+        self.dtype = dtype
+
+    # -- totals -------------------------------------------------------------------------
+    @property
+    def calls(self) -> int:
+        return sum(r.calls for r in self.rows)
+
+    @property
+    def casts(self) -> int:
+        return sum(r.casts for r in self.rows)
+
+    @property
+    def cast_bytes(self) -> int:
+        return sum(r.cast_bytes for r in self.rows)
+
+    @property
+    def flops_by_dtype(self) -> Dict[str, int]:
+        """Matmul/conv FLOPs per compute dtype (``{"bf16": 48}``)."""
+        out: Dict[str, int] = {}
+        for r in self.rows:
+            if r.flops:
+                out[r.compute] = out.get(r.compute, 0) + r.flops
+        return out
+
+    @property
+    def lower_flop_share(self) -> Optional[float]:
+        """The share of matmul/conv FLOPs that ran in bfloat16 or float16 (``None``: no FLOPs)."""
+        by = self.flops_by_dtype
+        total = sum(by.values())
+        if not total:
+            return None
+        return sum(v for k, v in by.items() if k in ("bf16", "f16")) / total
+
+    def by_op(self) -> Dict[str, dict]:
+        """Per op overload: calls, and calls by action and by dtype signature."""
+        out: Dict[str, dict] = {}
+        for r in self.rows:
+            e = out.setdefault(r.op, {"calls": 0, "by_action": {}, "by_dtypes": {}, "casts": 0, "cast_bytes": 0})
+            e["calls"] += r.calls
+            e["by_action"][r.action] = e["by_action"].get(r.action, 0) + r.calls
+            e["by_dtypes"][r.dtypes] = e["by_dtypes"].get(r.dtypes, 0) + r.calls
+            e["casts"] += r.casts
+            e["cast_bytes"] += r.cast_bytes
+        return out
+
+    # -- renderings ---------------------------------------------------------------------
+    def _summary(self) -> List[str]:
+        lines = [f"casts inserted: {self.casts} ({self.cast_bytes} bytes)"]
+        by = self.flops_by_dtype
+        if by:
+            total = sum(by.values())
+            parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+            lines.append(f"matmul/conv FLOPs: {total} ({parts})")
+        else:
+            lines.append("matmul/conv FLOPs: none")
+        return lines
+
+    def _cells(self) -> List[List[str]]:
+        return [[r.op, r.action, r.dtypes, str(r.calls), str(r.casts), str(r.cast_bytes),
+                 "-" if r.flops is None else str(r.flops)] for r in self.rows]
+
+    _HEADER = ["op", "action", "dtypes", "calls", "casts", "cast bytes", "FLOPs"]
+
+    def __str__(self) -> str:
+        head = f"hpu_autocast precision report: policy {self.policy or '?'}, dtype {self.dtype or '?'}"
+        lines = [head, *_table(self._HEADER, self._cells(), {3, 4, 5, 6}), "", *self._summary()]
+        if self.warnings:
+            lines += ["warnings:", *(f"  - {w}" for w in self.warnings)]
+        return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        lines = [f"**hpu_autocast precision report**: policy `{self.policy}`, dtype `{self.dtype}`", "",
+                 "| " + " | ".join(self._HEADER) + " |",
+                 "| " + " | ".join("---:" if i >= 3 else "---" for i in range(len(self._HEADER))) + " |"]
+        for c in self._cells():
+            c = [f"`{c[0]}`", *c[1:]]
+            lines.append("| " + " | ".join(x.replace("|", "\\|") for x in c) + " |")
+        lines += ["", *(f"- {s}" for s in self._summary())]
+        if self.warnings:
+            lines += ["", "Warnings:", "", *(f"- {w}" for w in self.warnings)]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "policy": self.policy, "dtype": self.dtype,
+            "rows": [asdict(r) for r in self.rows],
+            "casts": self.casts, "cast_bytes": self.cast_bytes,
+            "flops_by_dtype": self.flops_by_dtype, "lower_flop_share": self.lower_flop_share,
+            "warnings": list(self.warnings),
+        }
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def plot(self, path) -> None:
+        """Write a PNG or SVG (by ``path``'s suffix): matmul/conv FLOPs and op calls by compute
+        dtype, and the ops that cast most. Needs matplotlib (``pip install matplotlib``)."""
+        try:
+            from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
+        except ImportError:
+            raise ImportError("PrecisionReport.plot needs matplotlib: pip install matplotlib") from None
+        calls: Dict[str, int] = {}
+        for r in self.rows:
+            calls[r.compute] = calls.get(r.compute, 0) + r.calls
+        casts: Dict[str, int] = {}
+        for r in self.rows:
+            casts[r.op] = casts.get(r.op, 0) + r.casts
+        top = sorted(((n, op) for op, n in casts.items() if n), reverse=True)[:10]
+        flops = self.flops_by_dtype
+        fig = Figure(figsize=(13, 3.8))
+        axes = fig.subplots(1, 3)
+        axes[0].bar(list(flops), list(flops.values()), color="#4c72b0")
+        axes[0].set_title("matmul/conv FLOPs by dtype")
+        axes[1].bar(list(calls), list(calls.values()), color="#55a868")
+        axes[1].set_title("op calls by compute dtype")
+        axes[2].barh([op for _, op in top][::-1], [n for n, _ in top][::-1], color="#c44e52")
+        axes[2].set_title("top ops by casts inserted")
+        fig.suptitle(f"hpu_autocast: policy {self.policy}, dtype {self.dtype}")
+        fig.tight_layout()
+        fig.savefig(str(path))
+
+    def __repr__(self) -> str:
+        return f"PrecisionReport({len(self.rows)} rows, {self.casts} casts, {len(self.warnings)} warnings)"
+
+
+@contextlib.contextmanager
+def record(dtype: torch.dtype = torch.bfloat16, **mode_kwargs) -> Iterator[Recorder]:
+    """Run the body under ``HpuAutocastMode(dtype, **mode_kwargs)`` with a fresh ``Recorder``
+    (chained with any ``observer=`` given) and yield it; call ``.report()`` afterwards."""
+    from .mode import HpuAutocastMode
+
+    rec = Recorder()
+    observer = combine_observers(rec, mode_kwargs.pop("observer", None))
+    mode = HpuAutocastMode(dtype, observer=observer, **mode_kwargs)
+    rec.policy, rec.dtype = mode.policy.name, mode.dtype
+    with mode:
+        yield rec
+
+
+def op_graph(fn: Callable, *inputs, **mode_kwargs) -> str:
+    """Graphviz DOT text of the ATen ops ``fn(*inputs)`` runs under ``HpuAutocastMode(**mode_kwargs)``,
+    with the casts marked. See ``hpu_autocast._graph``."""
+    from ._graph import op_graph as _op_graph
+
+    return _op_graph(fn, *inputs, **mode_kwargs)

@@ -1,0 +1,229 @@
+"""The precision report: whole text on a fixed model, casts against the casts that ran, FLOPs
+against a hand count, and its other renderings."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hpu_autocast import HpuAutocastMode, build_policy
+from hpu_autocast.report import PrecisionReport, Recorder, op_graph, record
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 3), torch.randn(2, 4), torch.tensor([0, 2])
+
+
+class _CastsBelow(TorchDispatchMode):
+    """The oracle for cast counts: the dtype-changing ``_to_copy`` calls that reach ATen
+    below the engine, and the bytes they write."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and out.dtype != args[0].dtype:
+            self.casts += 1
+            self.bytes += out.numel() * out.element_size()
+        return out
+
+
+EXPECTED = """\
+hpu_autocast precision report: policy hpu, dtype bf16
+op                               action      dtypes               calls  casts  cast bytes  FLOPs
+aten.linear.default              lower       f32,f32,f32 -> bf16      1      3          46     48
+aten.relu.default                not listed  bf16 -> bf16             1      0           0      -
+aten.cross_entropy_loss.default  fp32        bf16,i64 -> f32          1      1          24      -
+
+casts inserted: 4 (70 bytes)
+matmul/conv FLOPs: 48 (bf16 100.0%)
+warnings:
+  - aten.cross_entropy_loss.default (fp32 list) got bf16 input: it computes in f32 from values already rounded; \
+move their producer to the fp32 list if that matters"""
+
+
+def test_report_text_of_linear_relu_cross_entropy():
+    lin, x, y = _model()
+    with record(policy="hpu") as rec:
+        F.cross_entropy(F.relu(lin(x)), y)
+    # linear: x [2,4], weight [3,4], bias [3] cast to bf16: (8 + 12 + 3) * 2 bytes = 46;
+    #   FLOPs 2 * 2 * 4 * 3 = 48 (the addmm it decomposes into).
+    # cross_entropy_loss: the bf16 logits [2,3] cast to f32: 6 * 4 bytes = 24.
+    assert str(rec.report()) == EXPECTED
+
+
+def test_report_markdown_and_json():
+    lin, x, y = _model()
+    with record(policy="hpu") as rec:
+        F.cross_entropy(F.relu(lin(x)), y)
+    r = rec.report()
+    assert r.to_markdown().splitlines()[:6] == [
+        "**hpu_autocast precision report**: policy `hpu`, dtype `bf16`",
+        "",
+        "| op | action | dtypes | calls | casts | cast bytes | FLOPs |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| `aten.linear.default` | lower | f32,f32,f32 -> bf16 | 1 | 3 | 46 | 48 |",
+        "| `aten.relu.default` | not listed | bf16 -> bf16 | 1 | 0 | 0 | - |",
+    ]
+    data = json.loads(r.to_json())
+    assert data["casts"] == 4 and data["cast_bytes"] == 70
+    assert data["flops_by_dtype"] == {"bf16": 48} and data["lower_flop_share"] == 1.0
+    assert data["rows"][2] == {"op": "aten.cross_entropy_loss.default", "action": "fp32", "inputs": "bf16,i64",
+                               "compute": "f32", "calls": 1, "casts": 1, "cast_bytes": 24, "flops": None}
+    assert r.by_op()["aten.linear.default"] == {"calls": 1, "by_action": {"lower": 1},
+                                                "by_dtypes": {"f32,f32,f32 -> bf16": 1}, "casts": 3, "cast_bytes": 46}
+
+
+@pytest.mark.parametrize("cache_enabled", [True, False])
+def test_casts_match_the_casts_that_ran(cache_enabled):
+    lin, x, y = _model()
+    a = torch.randn(3, 3)
+    b = a.bfloat16()
+    oracle = _CastsBelow()
+    with oracle, record(policy="hpu", cache_enabled=cache_enabled) as rec:
+        for _ in range(2):  # the second forward reuses the cached weight casts, if caching
+            F.cross_entropy(F.relu(lin(x)), y)
+        torch.mm(a, a)      # one tensor, two casts
+        torch.add(a, b)     # promote: the bf16 one is cast to f32
+    r = rec.report()
+    assert (r.casts, r.cast_bytes) == (oracle.casts, oracle.bytes)
+    # Two forwards: x twice, weight and bias once (cached) or twice, logits twice; mm: 2; add: 1.
+    assert r.casts == 2 + (2 if cache_enabled else 4) + 2 + 2 + 1
+
+
+def test_flop_share_against_hand_count():
+    # linear and conv2d run in bf16; bmm is on no list and runs in f32.
+    policy = build_policy("t", lower=["linear", "conv2d", "scaled_dot_product_attention"])
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(5, 8), torch.randn(16, 8), torch.randn(4, 16)
+    img, k = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    q = torch.randn(1, 2, 3, 4)
+    with record(policy=policy) as rec:
+        F.linear(F.linear(x, w1), w2)          # 2*5*8*16 + 2*5*16*4 = 1280 + 640
+        F.conv2d(img, k)                        # out [1,3,3,3]: 2 * 27 * (2*3*3) = 972
+        F.scaled_dot_product_attention(q, q, q)  # QK^T and AV: 2 * (2 * 2*3*3*4) = 288
+        torch.bmm(torch.randn(2, 3, 4), torch.randn(2, 4, 5))  # 2*2*3*4*5 = 240, f32
+    r = rec.report()
+    assert r.flops_by_dtype == {"bf16": 1280 + 640 + 972 + 288, "f32": 240}
+    assert r.lower_flop_share == pytest.approx(3180 / 3420)
+    assert "matmul/conv FLOPs: 3420 (bf16 93.0%, f32 7.0%)" in str(r)
+
+
+def test_warnings_worth_acting_on():
+    a = torch.randn(3)
+    h = torch.randn(3, dtype=torch.bfloat16)
+    with record(policy="hpu") as rec:
+        torch.maximum(h, a)              # on no list, mixed floating inputs
+        torch.maximum(h, a)
+        torch.log(torch.mm(torch.randn(2, 2), torch.randn(2, 2)))  # fp32 list fed by bf16 mm
+        m = torch.randn(2, 2)
+        torch.mm(m, torch.randn(2, 2))
+        torch.mm(torch.randn(2, 2), m)   # m cast to bf16 again, unchanged
+        m.add_(1)
+        torch.mm(m, m)                   # changed since: a fresh cast, then a repeat in the same call
+    assert rec.report().warnings == [
+        "aten.maximum.default is on no list and got mixed floating dtypes (bf16,f32): it runs in f32 by type "
+        "promotion; list it to decide (2 calls)",
+        "aten.log.default (fp32 list) got bf16 input: it computes in f32 from values already rounded; "
+        "move their producer to the fp32 list if that matters",
+        # m twice unchanged (one extra), then, after add_, twice within one mm (one more).
+        "f32[2, 2] tensor cast to bf16 again while unchanged: 2 extra cast(s) (by aten.mm.default); cast it "
+        "once and reuse the copy",
+    ]
+
+
+def test_recorder_is_an_observer_and_reports_snapshots():
+    lin, x, _ = _model()
+    rec = Recorder()
+    with HpuAutocastMode(observer=rec):
+        lin(x)
+        first = rec.report()
+        lin(x)
+    assert isinstance(first, PrecisionReport)
+    assert [r.calls for r in first.rows] == [1]
+    assert [r.calls for r in rec.report().rows] == [2]
+
+
+def test_empty_report():
+    with record(enabled=False) as rec:
+        torch.mm(torch.ones(2, 2), torch.ones(2, 2))  # a disabled region observes nothing
+    assert str(rec.report()) == "\n".join([
+        "hpu_autocast precision report: policy hpu, dtype bf16",
+        "op  action  dtypes  calls  casts  cast bytes  FLOPs",
+        "",
+        "casts inserted: 0 (0 bytes)",
+        "matmul/conv FLOPs: none",
+    ])
+    assert rec.report().lower_flop_share is None
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    lin, x, y = _model()
+    with record() as rec:
+        F.cross_entropy(F.relu(lin(x)), y)
+    for name in ("r.png", "r.svg"):
+        rec.report().plot(tmp_path / name)
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in (tmp_path / "r.svg").read_bytes()[:1000]
+
+
+def test_op_graph_marks_casts():
+    lin, x, _ = _model()
+    model = torch.nn.Sequential(lin, torch.nn.ReLU())
+    assert op_graph(model, x) == """\
+digraph ops {
+  node [shape=box, fontname="monospace"];
+  t0 [label="input0\\nf32[2, 4]", shape=ellipse];
+  n0 [label="cast f32 -> bf16\\nbf16[2, 4]", style=filled, fillcolor="#f4a6a6"];
+  t0 -> n0;
+  t1 [label="0.weight\\nf32[3, 4]", shape=ellipse];
+  n1 [label="cast f32 -> bf16\\nbf16[3, 4]", style=filled, fillcolor="#f4a6a6"];
+  t1 -> n1;
+  t2 [label="0.bias\\nf32[3]", shape=ellipse];
+  n2 [label="cast f32 -> bf16\\nbf16[3]", style=filled, fillcolor="#f4a6a6"];
+  t2 -> n2;
+  n3 [label="t.default\\nbf16[4, 3]", style=filled, fillcolor="#a6c8f4"];
+  n1 -> n3;
+  n4 [label="addmm.default\\nbf16[2, 3]", style=filled, fillcolor="#a6c8f4"];
+  n2 -> n4;
+  n0 -> n4;
+  n3 -> n4;
+  n5 [label="relu.default\\nbf16[2, 3]", style=filled, fillcolor="#a6c8f4"];
+  n4 -> n5;
+}
+"""
+
+
+_INTEGRATED = hasattr(HpuAutocastMode, "report")
+_needs_integration = pytest.mark.skipif(not _INTEGRATED, reason="HpuAutocastMode(record=, verbose=) not integrated yet")
+
+
+@_needs_integration
+def test_mode_record_and_report():
+    lin, x, y = _model()
+    mode = HpuAutocastMode(record=True)
+    with mode:
+        F.cross_entropy(F.relu(lin(x)), y)
+    assert str(mode.report()) == EXPECTED
+    with mode:  # report() is of the last region
+        lin(x)
+    assert [r.op for r in mode.report().rows] == ["aten.linear.default"]
+    with pytest.raises(RuntimeError, match=r"needs HpuAutocastMode\(..., record=True\)"):
+        HpuAutocastMode().report()
+
+
+@_needs_integration
+def test_mode_verbose_logs(caplog):
+    import logging
+
+    lin, x, _ = _model()
+    with caplog.at_level(logging.DEBUG, logger="hpu_autocast"):
+        with HpuAutocastMode(verbose=True):
+            lin(x)
+    assert [r.getMessage() for r in caplog.records] == ["aten.linear.default  lower  f32,f32,f32 -> bf16"]

@@ -1,0 +1,124 @@
+"""The report command: run a script under the mode, print the report at exit."""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpu_autocast import _report_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "examples" / "report_demo.py")
+
+# The demo's training step, one step (see docs/report.md for the reading of each row).
+DEMO_REPORT = """\
+hpu_autocast precision report: policy hpu, dtype bf16
+op                                       action                dtypes                  calls  casts  cast bytes  FLOPs
+aten.uniform_.default                    ineligible: in-place  f32 -> f32                  4      0           0      -
+aten.linear.default                      lower                 f32,f32,f32 -> bf16         1      3         368   1280
+aten.relu.default                        not listed            bf16 -> bf16                1      0           0      -
+aten.linear.default                      lower                 bf16,f32,f32 -> bf16        1      2         136    640
+aten.cross_entropy_loss.default          fp32                  bf16,i64 -> f32             1      1          80      -
+aten.ones_like.default                   not listed            f32 -> f32                  1      0           0      -
+aten.nll_loss_backward.default           not listed            f32,f32,i64,f32 -> f32      1      0           0      -
+aten._log_softmax_backward_data.default  not listed            f32,f32 -> f32              1      0           0      -
+aten._to_copy.default                    not listed            f32 -> bf16                 1      0           0      -
+aten.mm.default                          lower                 bf16,bf16 -> bf16           3      0           0   2560
+aten.sum.dim_IntList                     not listed            bf16 -> bf16                2      0           0      -
+aten._to_copy.default                    not listed            bf16 -> f32                 4      0           0      -
+aten.threshold_backward.default          not listed            bf16,bf16 -> bf16           1      0           0      -
+aten.add_.Tensor                         first                 f32,f32 -> f32              4      0           0      -
+aten._local_scalar_dense.default         not listed            f32 -> f32                  1      0           0      -
+
+casts inserted: 6 (584 bytes)
+matmul/conv FLOPs: 4480 (bf16 100.0%)
+warnings:
+  - aten.cross_entropy_loss.default (fp32 list) got bf16 input: it computes in f32 from values already rounded; \
+move their producer to the fp32 list if that matters
+"""
+
+
+def test_report_command_on_the_demo(tmp_path):
+    # Run as a user would, in a fresh interpreter.
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "hpu_autocast._report_cli", "report", "--json", str(tmp_path / "r.json"), DEMO]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
+    loss, report = out.split("\n", 1)
+    assert re.fullmatch(r"loss \d+\.\d{4}", loss)
+    # Forward: linear 2*5*8*16 = 1280 and 2*5*16*4 = 640 FLOPs in bf16. Backward (inside the
+    # region, as the whole script is): three bf16 mm, 640 + 640 + 1280 = 2560.
+    assert report == DEMO_REPORT
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert (data["casts"], data["cast_bytes"], data["flops_by_dtype"]) == (6, 584, {"bf16": 4480})
+
+
+def test_script_arguments_exit_code_and_outputs(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("import sys, torch\nprint(sys.argv[1:])\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n"
+                      "sys.exit(3)\n")
+    md = tmp_path / "r.md"
+    code = _report_cli.main(["report", "--markdown", str(md), "--preset", "torch-cpu", str(script), "a", "--b"])
+    out = capsys.readouterr().out
+    assert code == 3
+    assert out.splitlines()[:4] == [
+        "['a', '--b']",
+        "hpu_autocast precision report: policy torch-cpu, dtype bf16",
+        "op               action  dtypes           calls  casts  cast bytes  FLOPs",
+        "aten.mm.default  lower   f32,f32 -> bf16      1      2          16     16",
+    ]
+    assert md.read_text().startswith("**hpu_autocast precision report**: policy `torch-cpu`")
+
+
+def test_report_printed_when_the_script_fails(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\nraise ValueError('boom')\n")
+    with pytest.raises(ValueError, match="boom"):
+        _report_cli.main(["report", str(script)])
+    assert "aten.mm.default  lower" in capsys.readouterr().out
+
+
+def test_plot_flag(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    script = tmp_path / "s.py"
+    script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n")
+    assert _report_cli.main(["report", "--plot", str(tmp_path / "r.png"), str(script)]) == 0
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_add_parser_registers_report():
+    parser = argparse.ArgumentParser()
+    _report_cli.add_parser(parser.add_subparsers(dest="command"))
+    ns = parser.parse_args(["report", "--dtype", "bf16", "x.py", "--steps", "2"])
+    assert (ns.func, ns.script, ns.args, ns.preset) == (_report_cli.run, "x.py", ["--steps", "2"], "hpu")
+
+
+def test_list_flags_use_the_overrides_module(tmp_path, monkeypatch, capsys):
+    # The flags exist only where hpu_autocast.overrides offers policy_from_files.
+    import types
+
+    from hpu_autocast import build_policy
+
+    calls = []
+
+    def policy_from_files(preset, lower=None, fp32=None):
+        calls.append((preset, lower, fp32))
+        return build_policy("from-files", fp32=["mm"])
+
+    fake = types.SimpleNamespace(policy_from_files=policy_from_files)
+    monkeypatch.setitem(sys.modules, "hpu_autocast.overrides", fake)
+    script = tmp_path / "s.py"
+    script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n")
+    assert _report_cli.main(["report", "--fp32-list", "f.txt", str(script)]) == 0
+    assert calls == [("hpu", None, "f.txt")]
+    assert "aten.mm.default  fp32    f32,f32 -> f32" in capsys.readouterr().out
+
+
+def test_no_list_flags_without_the_overrides_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hpu_autocast.overrides", None)  # import fails
+    with pytest.raises(SystemExit):
+        _report_cli.main(["report", "--lower-list", "f.txt", "x.py"])
