@@ -42,7 +42,7 @@ class HpuAutocastMode:
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
                  enabled: bool = True, cache_enabled: Optional[bool] = None,
-                 observer: Optional[Callable] = None) -> None:
+                 observer: Optional[Callable] = None, verbose: bool = False, record: bool = False) -> None:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         self.policy = _as_policy(policy)
@@ -55,13 +55,25 @@ class HpuAutocastMode:
         if hpu.backend_loaded():
             self.cache_enabled = False
         self.observer = observer
+        self.verbose = bool(verbose)
+        self.record = bool(record)
+        self._recorder = None
         self._region: Optional[Region] = None
 
     def __enter__(self) -> "HpuAutocastMode":
         if self._region is not None:
             raise RuntimeError("this HpuAutocastMode is already entered; create a new one to nest")
         compiled = compile_policy(self.policy, self.dtype) if self.enabled else None
-        region = Region(compiled, self.dtype, self.enabled, self.cache_enabled, self.observer)
+        observer = self.observer
+        if self.verbose or self.record:
+            from .log import combine_observers, make_log_observer
+            from .report import Recorder
+
+            if self.record:
+                self._recorder = Recorder()
+                self._recorder.policy, self._recorder.dtype = self.policy.name, self.dtype
+            observer = combine_observers(observer, make_log_observer() if self.verbose else None, self._recorder)
+        region = Region(compiled, self.dtype, self.enabled, self.cache_enabled, observer)
         engine_for_thread().push(region)
         self._region = region
         return self
@@ -76,14 +88,29 @@ class HpuAutocastMode:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with self._clone():
-                return fn(*args, **kwargs)
+            clone = self._clone()
+            try:
+                with clone:
+                    return fn(*args, **kwargs)
+            finally:
+                self._recorder = clone._recorder
 
         return wrapper
 
     def _clone(self) -> "HpuAutocastMode":
         return HpuAutocastMode(self.dtype, policy=self.policy, enabled=self.enabled,
-                               cache_enabled=self.cache_enabled, observer=self.observer)
+                               cache_enabled=self.cache_enabled, observer=self.observer,
+                               verbose=self.verbose, record=self.record)
+
+    def report(self):
+        """The ``PrecisionReport`` of this mode's last region (``record=True``): what ran in
+        which dtype, the casts inserted, the matmul/conv FLOPs by dtype, and warnings."""
+        if not self.record:
+            raise RuntimeError("HpuAutocastMode.report() needs HpuAutocastMode(..., record=True): "
+                               "recording costs time per call, so it is off unless asked for")
+        if self._recorder is None:
+            raise RuntimeError("HpuAutocastMode.report(): this mode has not been entered yet")
+        return self._recorder.report()
 
     def __repr__(self) -> str:
         return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy.name!r}, enabled={self.enabled}, "
