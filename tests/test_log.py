@@ -109,8 +109,6 @@ def test_classify_drops_function_level_unlisted():
     assert classify("function", None, torch.add, "out=", (t, t), {"out": t}, None) is None
 
 
-@pytest.mark.xfail(strict=True, reason="engine: FIRST ignores the written self of an in-place op, "
-                   "so z_bf16 += x_f32 reports (and computes toward) f32 instead of self's bf16")
 def test_first_on_inplace_follows_self(caplog):
     z = torch.zeros(2, dtype=torch.bfloat16)
     o = torch.ones(2)
@@ -134,8 +132,6 @@ def test_policy_defaults_are_marked(caplog):
         "aten.maximum.default  first (unlisted)  bf16,f32 -> bf16"
 
 
-@pytest.mark.xfail(strict=True, reason="_table.default_rule treats every op whose return aliases an input as "
-                   "a view, so in-place ops (Tensor(a!) returns) never get the policy's `inplace` default")
 def test_inplace_default_applies(caplog):
     import dataclasses
 

@@ -110,8 +110,11 @@ class Engine:
             protected = frozenset(positions[n] for n in pnames if n in positions)
         # First pass: the eligible inputs' dtypes (PROMOTE and FIRST need them all).
         dtypes = []
+        # A written argument is never replaced, but under FIRST it still is the first input:
+        # HPU's iadd keeps the dtype of `self` and casts the others to it.
+        first = rule.action is CastPolicy.FIRST
         for i, a in enumerate(args):
-            if i in protected:
+            if i in protected and not first:
                 continue
             if type(a) is _Tensor or isinstance(a, _Tensor):
                 if is_eligible(a):
@@ -167,7 +170,13 @@ class Engine:
 
 def _observe(region: Region, level: str, rule: Optional[OpRule], func: Any, reason: str,
              args: tuple, kwargs: dict, target: Optional[torch.dtype]) -> None:
-    region.observer(level, rule, func, reason, args, kwargs, target)
+    # The observer may run torch ops of its own (shape math, FLOP formulas): not the user's.
+    engine = engine_for_thread()
+    engine.suppress += 1
+    try:
+        region.observer(level, rule, func, reason, args, kwargs, target)
+    finally:
+        engine.suppress -= 1
 
 
 class _FunctionMode(TorchFunctionMode):

@@ -136,7 +136,8 @@ class CompiledPolicy:
 
 
 def _is_view(op: OpOverload) -> bool:
-    return any(r.alias_info is not None for r in op._schema.returns)
+    # An in-place op returns `Tensor(a!)`: aliased but written, which is not a view.
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
 
 
 # Namespaces whose builtins carry ATen names unchanged (torch._C._linalg.linalg_vecdot, ...).
