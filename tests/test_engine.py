@@ -2,10 +2,13 @@
 
 import dataclasses
 
+import pytest
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hpu_autocast import _compat
 from hpu_autocast import CastPolicy, HpuAutocastMode, get_preset
 from hpu_autocast._engine import current_engine
 
@@ -35,7 +38,13 @@ def test_multihead_attention_runs_and_trains():
     rout.float().sum().backward()
     assert out.dtype == rout.dtype and torch.equal(out, rout)
     for p, q in zip(mha.parameters(), ref.parameters()):
-        assert torch.equal(p.grad, q.grad)
+        if _compat.HAS_REDISPATCH:
+            assert torch.equal(p.grad, q.grad)
+        else:
+            # Older torch: F.multi_head_attention_forward's body is invisible to the function
+            # mode, so its linear is cast after it decomposes (mm in bf16, bias add in f32) and
+            # in_proj_bias's gradient is summed in f32 instead of bf16 (docs/design.md, Versions).
+            torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
 
 
 def test_dispatch_level_cast_has_backward_in_forward_dtype():
@@ -87,3 +96,23 @@ def test_cross_entropy_runs_wholly_in_fp32_under_hpu():
         loss = F.cross_entropy(x, t)
     assert loss.dtype == torch.float32
     assert torch.equal(loss, F.cross_entropy(x.float(), t))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_input_only_norm_on_cuda_casts_its_params():
+    # CUDA's layer_norm/group_norm kernels need weight and bias in the input's dtype (CPU and HPU
+    # accept float32 parameters); under `hpu` they failed with "expected scalar type BFloat16".
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, device="cuda")
+    ln = nn.LayerNorm(8).cuda()
+    gn = nn.GroupNorm(2, 8).cuda()
+    with HpuAutocastMode():
+        y, z = ln(x), gn(x.view(4, 8, 1))
+    h = x.bfloat16()
+    assert torch.equal(y, F.layer_norm(h, (8,), ln.weight.bfloat16(), ln.bias.bfloat16()))
+    assert torch.equal(z, F.group_norm(h.view(4, 8, 1), 2, gn.weight.bfloat16(), gn.bias.bfloat16()))
+    bn = nn.BatchNorm1d(8).cuda()
+    with HpuAutocastMode():
+        b = bn(x)
+    assert b.dtype == torch.bfloat16 and bn.running_mean.dtype == torch.float32
+    assert torch.count_nonzero(bn.running_mean) > 0

@@ -108,6 +108,7 @@ class Engine:
         pnames = rule.protected_names
         if positions is not None and pnames:
             protected = frozenset(positions[n] for n in pnames if n in positions)
+        input_only = rule.input_only and rule.casts_input_only(args)
         # First pass: the eligible inputs' dtypes (PROMOTE and FIRST need them all).
         dtypes = []
         # A written argument is never replaced, but under FIRST it still is the first input:
@@ -121,9 +122,9 @@ class Engine:
                     dtypes.append(a.dtype)
             elif isinstance(a, (list, tuple)):
                 dtypes.extend(t.dtype for t in a if is_eligible(t))
-            if rule.input_only:
+            if input_only:
                 break
-        if not rule.input_only:
+        if not input_only:
             for k, v in kwargs.items():
                 if k not in pnames and is_eligible(v):
                     dtypes.append(v.dtype)
@@ -160,10 +161,10 @@ class Engine:
                 new_args[i] = [cast(t) if isinstance(t, _Tensor) else t for t in a]
             elif isinstance(a, tuple):
                 new_args[i] = tuple(cast(t) if isinstance(t, _Tensor) else t for t in a)
-            if rule.input_only:
+            if input_only:
                 break
         new_kwargs = kwargs
-        if kwargs and not rule.input_only:
+        if kwargs and not input_only:
             new_kwargs = {k: (cast(v) if isinstance(v, _Tensor) and k not in pnames else v) for k, v in kwargs.items()}
         return tuple(new_args), new_kwargs, target, casts
 

@@ -23,6 +23,21 @@ UNMARKED_WRITES = {
 }
 
 
+#: Norms whose kernels on CPU and HPU accept a lower-precision input with float32 weight and
+#: bias (what Gaudi's bridge does for input-only norms), but whose CUDA kernels require the
+#: parameters in the input's dtype ("expected scalar type BFloat16 but found Float").
+PARAMS_FOLLOW_INPUT = frozenset({"layer_norm", "native_layer_norm", "group_norm", "native_group_norm"})
+MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
+
+
+def first_device_type(args: tuple) -> str:
+    """The device type of the first tensor argument ("cpu" when there is none)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+    return "cpu"
+
+
 def overloads(packet: OpOverloadPacket) -> Iterator[OpOverload]:
     """The overloads of ``packet`` that exist in the dispatcher (TorchScript-only ones such as
     ``aten::mul.left_t`` are skipped)."""

@@ -35,17 +35,25 @@ __all__ = ["OpRule", "FuncRule", "CompiledPolicy", "compile_policy", "DEFER"]
 class OpRule:
     """How one overload is handled: its action and the arguments it must not cast."""
 
-    __slots__ = ("op", "name", "action", "input_only", "protected", "protected_names", "banned")
+    __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "protected_names", "banned")
 
     def __init__(self, op: OpOverload, action: CastPolicy, input_only: bool, banned: Optional[str]) -> None:
         self.op = op
         self.name = str(op)
         self.action = action
         self.input_only = input_only
+        # An input-only norm whose kernel off CPU/HPU needs its weight in the input's dtype.
+        self.params_follow = input_only and _ops.op_base_name(op) in _ops.PARAMS_FOLLOW_INPUT
         written = _ops.written_positions(op)
         self.protected = frozenset(i for i, _ in written)
         self.protected_names = frozenset(n for _, n in written)
         self.banned = banned
+
+    def casts_input_only(self, args: tuple) -> bool:
+        """Whether this call casts its first tensor alone (weight and bias keep their dtype)."""
+        if self.params_follow:
+            return _ops.first_device_type(args) in _ops.MIXED_PARAMS_DEVICES
+        return self.input_only
 
     def same_handling(self, other: "OpRule") -> bool:
         return (self.action, self.input_only, self.protected, self.banned) == (

@@ -183,6 +183,7 @@ class Recorder:
         # Mirrors Engine.cast_args: which tensors are cast, and which casts the cache serves.
         cache = (region is not None and region.cache_enabled and target is region.dtype and above)
         tensors = []
+        input_only = rule.input_only and rule.casts_input_only(args)
         for i, a in enumerate(args):
             if i in rule.protected:
                 continue
@@ -190,9 +191,9 @@ class Recorder:
                 tensors.append(a)
             elif isinstance(a, (list, tuple)):
                 tensors.extend(t for t in a if isinstance(t, torch.Tensor))
-            if rule.input_only:
+            if input_only:
                 break
-        if not rule.input_only:
+        if not input_only:
             tensors.extend(v for k, v in kwargs.items()
                            if k not in rule.protected_names and isinstance(v, torch.Tensor))
         n = nbytes = 0
