@@ -65,6 +65,7 @@ def run(ns: argparse.Namespace) -> int:
     # Note: the whole script is one region, optimizer steps included. The cast cache assumes
     # weights do not change inside a region (as torch.autocast's does), so it is off here.
     mode = HpuAutocastMode(_DTYPES[ns.dtype], policy=_policy(ns), cache_enabled=False, observer=rec)
+    rec.policy, rec.dtype = mode.policy.name, mode.dtype  # the header, even if the script fails early
     argv, sys.argv = sys.argv, [ns.script, *ns.args]
     code = 0
     try:
