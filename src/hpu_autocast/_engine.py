@@ -17,6 +17,7 @@ import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+from torch import _C
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -245,6 +246,24 @@ class _DispatchMode(TorchDispatchMode):
         return _run(engine, region, rule, func, args, kwargs, "dispatch", None)
 
 
+def _call_unobserved(engine: Engine, func, args: tuple, kwargs: dict):
+    """Run a call handled at the function level with our dispatch mode off the stack.
+
+    Its insides must run as they would with no mode at all: the mere presence of a Python
+    dispatch mode changes some kernels' paths (``isTensorSubclassLike`` is true, so
+    ``linalg_svdvals`` computes U and V and rounds differently), and skipping the mode for
+    the insides also saves a Python round trip per inner op. If another mode was pushed
+    above ours (a tracer, a FLOP counter), ours stays and is merely suppressed."""
+    n = _C._len_torch_dispatch_stack()
+    if n == 0 or _C._get_dispatch_stack_at(n - 1) is not engine.dispatch_mode:
+        return func(*args, **kwargs)
+    mode = _C._pop_torch_dispatch_stack(None)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        _C._push_on_torch_dispatch_stack(mode)
+
+
 def _run(engine: Engine, region: Region, rule: OpRule, func, args: tuple, kwargs: dict, level: str,
          positions: Optional[Dict[str, int]]):
     """Cast one call by ``rule`` and run it with the policy suppressed for its body."""
@@ -261,7 +280,7 @@ def _run(engine: Engine, region: Region, rule: OpRule, func, args: tuple, kwargs
         new_args, new_kwargs, target, casts = cast
         if region.observer is not None:
             _observe(region, level, rule, func, str(rule.action), args, kwargs, target)
-        out = func(*new_args, **new_kwargs)
+        out = _call_unobserved(engine, func, new_args, new_kwargs) if above else func(*new_args, **new_kwargs)
     finally:
         engine.suppress -= 1
     if not above and casts and torch.is_grad_enabled():

@@ -164,6 +164,32 @@ F_ALIASES = {"cross_entropy": "cross_entropy_loss", "dropout1d": "feature_dropou
              "dropout2d": "feature_dropout", "dropout3d": "feature_dropout"}
 
 
+#: Composite builtins that call a policy op from C++ only, so that neither level sees the op by
+#: its own name (the dispatch mode sees what it decomposes into). Native autocast casts at the
+#: inner call; the function level applies the inner op's rule at the builtin instead, which is
+#: the same cast at the same values: the builtin only reshapes before the inner call.
+#: builtin name -> the inner op, from the rank of the first argument.
+NESTED: Dict[str, Callable[[int], str]] = {
+    "nll_loss_nd": lambda rank: "nll_loss" if rank <= 2 else "nll_loss2d",
+}
+
+
+class NestedRule:
+    """``FuncRule.select`` for a builtin of ``NESTED``: the rule of the inner op it will call."""
+
+    __slots__ = ("pick", "inner", "positions")
+
+    def __init__(self, pick: Callable[[int], str], inner: Dict[str, FuncRule]) -> None:
+        self.pick = pick
+        self.inner = inner
+        self.positions = None
+
+    def select(self, args: tuple, kwargs: dict):
+        x = args[0] if args else kwargs.get("self")
+        rule = self.inner.get(self.pick(x.dim())) if isinstance(x, torch.Tensor) else None
+        return rule.select(args, kwargs) if rule is not None else None
+
+
 def _function_table(dispatch: Dict[OpOverload, OpRule]) -> Dict[Callable, FuncRule]:
     by_packet: Dict[str, Dict[str, OpRule]] = {}
     for op, rule in dispatch.items():
@@ -199,6 +225,12 @@ def _function_table(dispatch: Dict[OpOverload, OpRule]) -> Dict[Callable, FuncRu
         add(op.overloadpacket, _ops.op_base_name(op))
         table.setdefault(op, FuncRule(op.overloadpacket._qualified_op_name, {op._overloadname: rule},
                                       [op._overloadname], {}))
+    for name, pick in NESTED.items():
+        fn = getattr(torch._C._nn, name, None)
+        inner = {base: table[getattr(torch._C._nn, base)] for base in by_packet
+                 if getattr(torch._C._nn, base, None) in table}
+        if fn is not None and inner:
+            table[fn] = NestedRule(pick, inner)
     if not _compat.HAS_REDISPATCH:
         for name in dir(F):
             fn = getattr(F, name)

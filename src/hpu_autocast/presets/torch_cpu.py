@@ -41,6 +41,8 @@ FP32 = [
     "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
     "ctc_loss", "kl_div", "multilabel_margin_loss", "binary_cross_entropy_with_logits",
     "multilabel_margin_loss_forward",
+    # registered by torch for AutocastCPU although the docs do not list it
+    "smooth_l1_loss",
     # FFTs
     "fft_fft", "fft_ifft", "fft_fft2", "fft_ifft2", "fft_fftn", "fft_ifftn",
     "fft_rfft", "fft_irfft", "fft_rfft2", "fft_irfft2", "fft_rfftn", "fft_irfftn",
