@@ -56,6 +56,9 @@ PYTHON_ALIASES = {
     "dropout1d": "feature_dropout",
     "dropout2d": "feature_dropout",
     "dropout3d": "feature_dropout",
+    # Python functions whose policy is that of the ATen op they call (seed 003's CUDA list).
+    "normalize": "norm",
+    "softmin": "softmax",
 }
 
 #: Where a name came from, for error messages: (file or None, line or None).

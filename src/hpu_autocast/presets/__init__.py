@@ -13,8 +13,13 @@ from torch._ops import OpOverload
 from .. import _ops
 from ..policy import CastPolicy, Policy
 from ..resolve import PolicyError, Source, resolve
+import dataclasses
+
+from . import hmp as _hmp
 from . import hpu as _hpu
 from . import torch_cpu as _torch_cpu
+from . import torch_cuda as _torch_cuda
+from . import xpu as _xpu
 
 __all__ = ["PRESETS", "get_preset", "build_policy", "preset_names"]
 
@@ -123,9 +128,36 @@ def _build_torch_cpu() -> Policy:
     )
 
 
+def _build_hmp(opt_level: str = "O1") -> Policy:
+    if opt_level == "O2":
+        # GEMMs and convolutions in bfloat16, everything else float32 (no first-input rule).
+        policy = build_policy("hmp-O2", lower=_hmp.O2_BF16, dtypes=(torch.bfloat16,))
+        return dataclasses.replace(policy, unlisted=CastPolicy.FP32)
+    policy = build_policy(
+        "hmp", lower=_hmp.BF16, fp32=_hmp.FP32, promote=_hmp.PROMOTE, input_only=_hmp.INPUT_ONLY,
+        dtypes=(torch.bfloat16,), tolerate_missing=True,
+    )
+    return dataclasses.replace(policy, unlisted=CastPolicy.FIRST, inplace=CastPolicy.FIRST)
+
+
+def _build_xpu() -> Policy:
+    return build_policy("xpu", lower=_xpu.LOWER, fp32=_xpu.FP32, promote=_xpu.PROMOTE, tolerate_missing=True)
+
+
+def _build_torch_cuda() -> Policy:
+    return build_policy(
+        "torch-cuda", lower=_torch_cuda.LOWER, fp32=_torch_cuda.FP32, promote=_torch_cuda.PROMOTE,
+        banned=_torch_cuda.BANNED, tolerate_missing=True,
+    )
+
+
 #: Preset name -> zero-argument builder.
 PRESETS: Dict[str, Callable[[], Policy]] = {
     "hpu": _build_hpu,
+    "hmp": _build_hmp,
+    "hmp-O2": lambda: _build_hmp("O2"),
+    "xpu": _build_xpu,
+    "torch-cuda": _build_torch_cuda,
     "torch-cpu": _build_torch_cpu,
 }
 
