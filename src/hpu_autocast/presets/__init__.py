@@ -111,7 +111,7 @@ def build_policy(
         for op in resolve(n):
             ban[op] = message
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=dtypes,
-                  missing=tuple(dict.fromkeys(missing)))
+                  missing=tuple(dict.fromkeys(missing)), promoted=frozenset(pro))
 
 
 def _build_hpu() -> Policy:
