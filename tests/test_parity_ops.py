@@ -131,6 +131,13 @@ def test_preset_equals_what_torch_registers():
     assert not registered - preset, f"registered, not in the preset: {sorted(map(str, registered - preset))}"
 
 
+def test_preset_equals_the_autocast_cpu_registrations():
+    # The same, from the dispatcher's own list (every namespace, not only aten).
+    names = {str(op._schema.name) + ("" if op._overloadname == "default" else "." + op._overloadname)
+             for op in POLICY.table}
+    assert names == set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"))
+
+
 # --- coverage: every overload is tested, or excluded with a reason -----------------------------
 
 def test_aten_table_covers_every_overload():
@@ -149,6 +156,19 @@ def test_exclusions_are_few_and_real():
     # Each exclusion names a packet of the preset, and they stay the exception.
     assert NO_PUBLIC <= set(PACKETS) and NATIVE_RAISES <= set(PACKETS)
     assert len(NO_PUBLIC) <= 2 and len(NATIVE_RAISES) <= 2
+
+
+def test_the_comparison_catches_a_wrong_policy():
+    # torch-cpu less aten.mm: the direct call then runs in float32 and must fail the comparison.
+    table = {op: a for op, a in POLICY.table.items() if str(op) != "aten.mm.default"}
+    args, kwargs = aten_call("mm", "default")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = torch.ops.aten.mm.default(*args, **kwargs)
+    with HpuAutocastMode(torch.bfloat16, policy=POLICY.replace_table(table, name="no-mm")):
+        out = torch.ops.aten.mm.default(*args, **kwargs)
+    assert differences(out, ref) and not differences(ref, ref.clone())
+    nan = torch.tensor([float("nan"), 1.0])
+    assert not differences(nan, nan.clone()) and differences(nan, torch.tensor([float("nan"), 2.0]))
 
 
 # --- op by op ----------------------------------------------------------------------------------
