@@ -16,7 +16,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 Call = Tuple[tuple, dict]
 
@@ -302,6 +302,31 @@ def run(fn: Callable, args: tuple, kwargs: dict) -> Tuple[object, Optional[type]
         return fn(*args, **kwargs), None
     except Exception as e:  # noqa: BLE001  (callers compare the exception type)
         return None, type(e)
+
+
+def run_with_grad(fn: Callable, args: tuple, kwargs: dict, region) -> Tuple[object, Optional[type]]:
+    """Call ``fn`` inside ``region`` on copies of the floating inputs that require grad, then,
+    outside the region, backpropagate the sum of its floating outputs. Returns
+    ``((output, input gradients), None)``, or ``(None, type of the exception)``; the output is
+    ``None`` too when no output requires grad."""
+
+    def leaf(t):
+        return t.detach().clone().requires_grad_(True) if _floating(t) else t
+
+    args, kwargs = tree_map(leaf, args), tree_map(leaf, kwargs)
+    leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    torch.manual_seed(0)
+    try:
+        with region:
+            out = fn(*args, **kwargs)
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not outs:
+            return None, None
+        loss = sum((o.real if o.is_complex() else o).float().sum() for o in outs)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    except Exception as e:  # noqa: BLE001  (callers compare the exception type)
+        return None, type(e)
+    return (out, [torch.zeros(0) if g is None else g for g in grads]), None
 
 
 def _bits_equal(x: torch.Tensor, y: torch.Tensor) -> bool:

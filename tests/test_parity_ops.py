@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from _parity import ATEN, VARIANTS, aten_call, differences, run
+from _parity import ATEN, VARIANTS, aten_call, differences, run, run_with_grad
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode, get_preset
 from hpu_autocast._ops import op_base_name
@@ -196,3 +196,37 @@ def test_public_function_matches_native(packet, dtype, variant):
     _compare(fn, args, kwargs, dtype, packet, observer)
     # The sample really reaches the op under test (at either level), or it tests nothing.
     assert hit, f"{packet}: the public call {getattr(fn, '__name__', fn)} never reached aten.{packet}"
+
+
+# --- backward ------------------------------------------------------------------------------------
+
+def _backward_params() -> list:
+    params = []
+    for op in OPS:
+        packet = op_base_name(op)
+        if packet in ATEN and op._overloadname in ATEN[packet]():
+            params += [pytest.param("aten", op, dtype, id=f"{op}-{str(dtype)[6:]}") for dtype in DTYPES]
+    for packet in PACKETS:
+        if packet not in NO_PUBLIC and packet in SAMPLES:
+            params += [pytest.param("public", packet, dtype, id=f"{packet}-{str(dtype)[6:]}") for dtype in DTYPES]
+    return params
+
+
+@pytest.mark.parametrize("level, op, dtype", _backward_params())
+def test_backward_matches_native(level, op, dtype):
+    # float32 inputs that require grad; forward inside the region, backward outside it. The
+    # direct OpOverload call is cast below autograd (the autograd bridge recasts its saved
+    # inputs), the public call above it: both must give native's input gradients bit for bit.
+    if level == "aten":
+        fn, label = op, f"{op_base_name(op)}.{op._overloadname}"
+        args, kwargs = aten_call(op_base_name(op), op._overloadname)
+    else:
+        (fn, args, kwargs), label = build(op), op
+        kwargs = {**kwargs, **PUBLIC_KWARGS.get(op, {})}
+    ref, ref_err = run_with_grad(fn, args, kwargs, torch.autocast("cpu", dtype=dtype))
+    out, err = run_with_grad(fn, args, kwargs, HpuAutocastMode(dtype, policy="torch-cpu"))
+    # Native raises for inputs it cannot differentiate (a loss's target), for ops without a
+    # derivative (geqrf) and for oneDNN's LSTM layer: ours must raise the same.
+    assert err == ref_err, f"{label}: native raised {ref_err}, ours {err}"
+    diff = differences(out, ref)
+    assert not diff, f"{label}: ours differs from native autocast:\n" + "\n".join(diff)
