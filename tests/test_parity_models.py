@@ -165,6 +165,46 @@ def test_a_policy_one_entry_off_is_caught():
         _assert_steps_equal(ours, native, a, b)
 
 
+class Tied(nn.Module):
+    """Shared weights: one Linear applied twice, its weight once more through matmul, and the
+    embedding's weight as the output layer. Each is cast once per region with the cast cache
+    (gradients then sum in the lower dtype before the cast back), once per use without it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, tokens):
+        h = self.lin(F.gelu(self.lin(self.embed(tokens))))
+        h = torch.matmul(h, self.lin.weight)
+        return F.linear(h.mean(1), self.embed.weight)
+
+
+def _tied_step(cache: bool, dtype, ours: bool):
+    torch.manual_seed(0)
+    model = Tied()
+    tokens = torch.randint(0, 10, (4, 5), generator=torch.Generator().manual_seed(1))
+    region = (HpuAutocastMode(dtype, policy="torch-cpu", cache_enabled=cache) if ours
+              else torch.autocast("cpu", dtype=dtype, cache_enabled=cache))
+    return model, _step(model, tokens, region)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "no_cache"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_shared_weights_match_native(dtype, cache):
+    ours, a = _tied_step(cache, dtype, ours=True)
+    native, b = _tied_step(cache, dtype, ours=False)
+    _assert_steps_equal(ours, native, a, b)
+
+
+def test_cast_cache_changes_shared_weight_grads():
+    # Why test_shared_weights_match_native runs both ways: native's gradients differ with and
+    # without the cache, so matching both pins our cache to native's.
+    (_, (_, _, with_cache)), (_, (_, _, without)) = (_tied_step(c, torch.bfloat16, ours=False) for c in (True, False))
+    assert any(differences(g, h) for g, h in zip(with_cache, without))
+
+
 # --- LSTM ----------------------------------------------------------------------------------------
 # nn.LSTM calls aten::lstm. Under oneDNN (the default on CPU) that runs aten::mkldnn_rnn_layer,
 # which native autocast lowers and which fails on CPUs without a bf16/fp16 oneDNN LSTM primitive
