@@ -290,7 +290,12 @@ def as_mixed(dtype: torch.dtype) -> Callable:
     return f
 
 
-VARIANTS = {"f32": as_f32, "lower": as_lower, "mixed": as_mixed}
+def as_f64(dtype: torch.dtype) -> Callable:
+    """Every floating input float64: never eligible, so nothing is cast."""
+    return lambda t: t.double() if _floating(t) else t
+
+
+VARIANTS = {"f32": as_f32, "lower": as_lower, "mixed": as_mixed, "f64": as_f64}
 
 
 # --- running and comparing ------------------------------------------------------------------
