@@ -87,7 +87,7 @@ class FuncRule:
 
     def select(self, args: tuple, kwargs: dict):
         """The ``OpRule`` this call is, ``None`` when the policy leaves it alone, or ``DEFER``."""
-        if "out" in kwargs:
+        if kwargs.get("out") is not None:
             if not self.out_rules:
                 return None
             return self._resolve(args, kwargs, self.out_rules)
@@ -238,12 +238,13 @@ def _function_table(dispatch: Dict[OpOverload, OpRule]) -> Dict[Callable, FuncRu
             for name in dir(space):
                 fn = getattr(space, name, None)
                 if isinstance(fn, types.FunctionType):
-                    base = F_ALIASES.get(name, name)
+                    alias = PYTHON_ALIASES.get(name)
+                    base = F_ALIASES.get(name) or (alias if isinstance(alias, str) else name)
                     nested = table.get(getattr(torch._C._nn, base, None)) if base in NESTED else None
                     if nested is not None:
                         table.setdefault(fn, nested)
                     elif base in by_packet and fn not in table:
-                        params = list(inspect.signature(fn).parameters)
+                        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
                         add(fn, base, {p: i for i, p in enumerate(params)})
     return table
 

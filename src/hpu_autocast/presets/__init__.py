@@ -37,7 +37,7 @@ def _entries(names: Iterable, file: Optional[str] = None) -> List[Entry]:
 
 
 def _resolve_all(entries: Sequence[Entry], *, tolerate_missing: bool, registered: Optional[str],
-                 missing: List[str]) -> Dict[OpOverload, Entry]:
+                 missing: List[str], keep_composites: bool = False) -> Dict[OpOverload, Entry]:
     """Resolve entries to ``{overload: the entry that named it}``."""
     out: Dict[OpOverload, Entry] = {}
     for name, source in entries:
@@ -49,7 +49,7 @@ def _resolve_all(entries: Sequence[Entry], *, tolerate_missing: bool, registered
             missing.append(name)
             continue
         if registered is not None:
-            ops = [op for op in ops if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), registered)]
+            ops = [op for op in ops if _ops.has_kernel(op, registered) or (keep_composites and _ops.is_composite(op))]
             if not ops:
                 missing.append(name)
                 continue
@@ -76,6 +76,7 @@ def build_policy(
     dtypes: tuple = (torch.bfloat16, torch.float16),
     tolerate_missing: bool = False,
     registered: Optional[str] = None,
+    keep_composites: bool = False,
 ) -> Policy:
     """Build a ``Policy`` from op names.
 
@@ -86,10 +87,12 @@ def build_policy(
 
     ``tolerate_missing`` skips names this torch does not have (recorded in
     ``Policy.missing``); ``registered`` keeps only overloads with a kernel for that dispatch
-    key (``"AutocastCPU"`` makes a preset exactly what native autocast registers).
+    key (``"AutocastCPU"`` makes a preset exactly what native autocast registers);
+    ``keep_composites`` keeps composite entries too, whose insides native autocast casts.
     """
     missing: List[str] = []
-    kw = dict(tolerate_missing=tolerate_missing, registered=registered, missing=missing)
+    kw = dict(tolerate_missing=tolerate_missing, registered=registered, missing=missing,
+              keep_composites=keep_composites)
     low = _resolve_all(_entries(lower), **kw)
     f32 = _resolve_all(_entries(fp32), **kw)
     pro = _resolve_all(_entries(promote), **kw)
@@ -146,8 +149,10 @@ def _build_xpu() -> Policy:
 
 def _build_torch_cuda() -> Policy:
     return build_policy(
-        "torch-cuda", lower=_torch_cuda.LOWER, fp32=_torch_cuda.FP32, promote=_torch_cuda.PROMOTE,
-        banned=_torch_cuda.BANNED, tolerate_missing=True,
+        "torch-cuda", lower=_torch_cuda.LOWER + _torch_cuda.REGISTERED_LOWER,
+        fp32=_torch_cuda.FP32 + _torch_cuda.REGISTERED_FP32,
+        promote=_torch_cuda.PROMOTE + _torch_cuda.REGISTERED_PROMOTE,
+        banned=_torch_cuda.BANNED, tolerate_missing=True, registered="AutocastCUDA", keep_composites=True,
     )
 
 

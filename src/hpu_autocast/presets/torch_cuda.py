@@ -3,6 +3,12 @@ autocast to float16", "CUDA Ops that can autocast to float32", "CUDA Ops that pr
 widest input type"), verbatim, with the Python-level names the docs use (``__matmul__``,
 ``GRUCell``) resolved by ``hpu_autocast.resolve``. bfloat16 shares the float16 list.
 
+The loader keeps, of each name, the overloads torch registers for ``AutocastCUDA`` and the
+composite entries (``cross_entropy_loss``, ``conv1d.padding``) whose insides native autocast
+casts at registered ops: applying the rule at the entry gives the same values. Names that
+resolve to nothing registered are dropped: ``__rdiv__`` is ``reciprocal(self) * other`` in
+torch, so plain ``div`` stays uncast as under native autocast.
+
 ``binary_cross_entropy`` is banned, as torch bans it: its backward can produce gradients that
 float16 cannot hold; the error names the safe replacement.
 """
@@ -22,15 +28,30 @@ FP32 = [
     "multi_margin_loss", "nll_loss", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod",
     "reciprocal", "rsqrt", "sinh", "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin",
     "softplus", "sum", "renorm", "tan", "triplet_margin_loss",
-    # registered by torch for AutocastCUDA although the docs do not list it: torch.norm and
-    # F.normalize reach it, not aten::norm
-    "linalg_vector_norm",
 ]
 
 PROMOTE = [
     "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sample", "index_put",
     "scatter_add", "tensordot",
 ]
+
+#: Registered by torch for AutocastCUDA although the docs do not list them, with the category
+#: native autocast gives each (probed on an H100 with torch 2.11: tests/test_drift.py checks it
+#: wherever CUDA is present). torch.norm and F.normalize reach linalg_vector_norm, not norm.
+REGISTERED_LOWER = [
+    "_convolution", "convolution", "conv_tbc", "cudnn_convolution", "cudnn_convolution_transpose",
+    "einsum", "linalg_vecdot", "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+    "_thnn_fused_gru_cell", "_thnn_fused_lstm_cell", "_cudnn_rnn",
+]
+REGISTERED_FP32 = [
+    "linalg_vector_norm", "linalg_matrix_norm", "frobenius_norm", "nuclear_norm", "huber_loss",
+    "logsumexp", "native_layer_norm", "rms_norm", "nll_loss2d",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",
+    "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
+]
+REGISTERED_PROMOTE = ["vdot"]
 
 BANNED = {
     "binary_cross_entropy": (
