@@ -1,6 +1,12 @@
 """One training step under ``policy="torch-cpu"`` against the same step under
-``torch.autocast("cpu")``: outputs, loss, every gradient, buffers and the parameters after an
-optimizer step, bit for bit. Backward runs outside the region, as users write it."""
+``torch.autocast("cpu")``, in bfloat16 and float16: the output (dtype and values), the loss
+(computed inside the region), every parameter's gradient (``loss.backward()`` outside the
+region, as users write it), the buffers (BatchNorm's running statistics) and the parameters
+after one SGD step, all bit for bit.
+
+Models: an MLP with LayerNorm, a CNN with BatchNorm, a ``TransformerEncoderLayer``, an LSTM,
+and an embedding + ``MultiheadAttention`` model, each with a cross-entropy loss.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +17,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hpu_autocast import HpuAutocastMode, _compat
+from _parity import differences
+from hpu_autocast import HpuAutocastMode, _compat, get_preset
+from hpu_autocast._ops import op_base_name
 
 DTYPES = [torch.bfloat16, torch.float16]
+CLASSES = 4
 
 
 class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, CLASSES))
 
     def forward(self, x):
         return self.net(x)
@@ -30,7 +39,7 @@ class CNN(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(3, 6, 3, padding=1)
         self.bn = nn.BatchNorm2d(6)
-        self.head = nn.Linear(6, 4)
+        self.head = nn.Linear(6, CLASSES)
 
     def forward(self, x):
         h = F.relu(self.bn(self.conv(x)))
@@ -41,7 +50,7 @@ class Encoder(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
-        self.head = nn.Linear(8, 4)
+        self.head = nn.Linear(8, CLASSES)
 
     def forward(self, x):
         return self.head(self.layer(x).mean(1))
@@ -51,7 +60,7 @@ class LSTMNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lstm = nn.LSTM(8, 8, batch_first=True)
-        self.head = nn.Linear(8, 4)
+        self.head = nn.Linear(8, CLASSES)
 
     def forward(self, x):
         return self.head(self.lstm(x)[0][:, -1])
@@ -62,7 +71,7 @@ class EmbedAttention(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(20, 8)
         self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
-        self.head = nn.Linear(8, 4)
+        self.head = nn.Linear(8, CLASSES)
 
     def forward(self, tokens):
         h = self.embed(tokens)
@@ -70,23 +79,28 @@ class EmbedAttention(nn.Module):
         return self.head(a.mean(1))
 
 
-def _inputs(name: str):
-    g = torch.Generator().manual_seed(1)
-    if name == "cnn":
-        return torch.randn(4, 3, 6, 6, generator=g)
-    if name == "embed_attention":
-        return torch.randint(0, 20, (4, 5), generator=g)
-    if name in ("encoder", "lstm"):
-        return torch.randn(4, 5, 8, generator=g)
-    return torch.randn(4, 8, generator=g)
+#: name -> (model class, input builder from a generator); tiny shapes, batch of 4.
+MODELS = {
+    "mlp_layernorm": (MLP, lambda g: torch.randn(4, 8, generator=g)),
+    "cnn_batchnorm": (CNN, lambda g: torch.randn(4, 3, 6, 6, generator=g)),
+    "encoder": (Encoder, lambda g: torch.randn(4, 5, 8, generator=g)),
+    "lstm": (LSTMNet, lambda g: torch.randn(4, 5, 8, generator=g)),
+    "embed_attention": (EmbedAttention, lambda g: torch.randint(0, 20, (4, 5), generator=g)),
+}
 
 
-MODELS = {"mlp_layernorm": MLP, "cnn_batchnorm": CNN, "encoder": Encoder, "lstm": LSTMNet,
-          "embed_attention": EmbedAttention}
+def _pair(name: str):
+    """Two identical models (ours, native) in training mode and one input."""
+    cls, make_input = MODELS[name]
+    torch.manual_seed(0)
+    ours = cls().train()
+    native = copy.deepcopy(ours)
+    return ours, native, make_input(torch.Generator().manual_seed(1))
 
 
 def _step(model: nn.Module, x, region):
-    labels = torch.arange(x.shape[0]) % 4
+    """Forward and loss inside ``region``, backward and one SGD step outside it."""
+    labels = torch.arange(x.shape[0]) % CLASSES
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with region:
         out = model(x)
@@ -97,24 +111,18 @@ def _step(model: nn.Module, x, region):
     return out, loss, grads
 
 
-def _pair(name: str):
-    torch.manual_seed(0)
-    ours = MODELS[name]().train()
-    native = copy.deepcopy(ours)
-    x = _inputs("cnn" if name == "cnn_batchnorm" else name)
-    return ours, native, x
-
-
 def _assert_steps_equal(ours, native, a, b):
     (out, loss, grads), (rout, rloss, rgrads) = a, b
-    assert out.dtype == rout.dtype and torch.equal(out, rout)
-    assert loss.dtype == rloss.dtype and torch.equal(loss, rloss)
-    for (n, _), g, r in zip(ours.named_parameters(), a[2], rgrads):
-        assert g.dtype == r.dtype and torch.equal(g, r), f"grad of {n}"
+    assert not differences(out, rout), differences(out, rout)
+    assert not differences(loss, rloss), differences(loss, rloss)
+    names = [n for n, _ in ours.named_parameters()]
+    assert len(grads) == len(rgrads) == len(names)
+    for n, g, r in zip(names, grads, rgrads):
+        assert not differences(g, r), f"grad of {n}: {differences(g, r)}"
     for (n, p), q in zip(ours.named_parameters(), native.parameters()):
-        assert torch.equal(p, q), f"{n} after the optimizer step"
+        assert not differences(p.detach(), q.detach()), f"{n} after the SGD step"
     for (n, buf), rbuf in zip(ours.named_buffers(), native.buffers()):
-        assert torch.equal(buf, rbuf), f"buffer {n}"
+        assert not differences(buf, rbuf), f"buffer {n}: {differences(buf, rbuf)}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -123,6 +131,7 @@ def test_training_step_matches_native(name, dtype):
     ours, native, x = _pair(name)
     a = _step(ours, x, HpuAutocastMode(dtype, policy="torch-cpu"))
     b = _step(native, x, torch.autocast("cpu", dtype=dtype))
+    assert a[0].dtype == dtype  # the head is a linear: it really ran in lower precision
     if not _compat.HAS_REDISPATCH and name in ("encoder", "embed_attention"):
         # torch < 2.13: F.multi_head_attention_forward's body is invisible to the function mode,
         # so its linear is cast after it decomposes (docs/design.md, Versions): dtypes exact,
@@ -134,10 +143,76 @@ def test_training_step_matches_native(name, dtype):
     _assert_steps_equal(ours, native, a, b)
 
 
+def test_buffers_are_compared():
+    # The CNN's BatchNorm statistics move in the step, so the buffer comparison above has teeth.
+    ours, _, x = _pair("cnn_batchnorm")
+    before = [b.clone() for b in ours.buffers()]
+    _step(ours, x, HpuAutocastMode(torch.bfloat16, policy="torch-cpu"))
+    assert all(not torch.equal(b, a) for b, a in zip(before, ours.buffers()))
+
+
+def test_a_policy_one_entry_off_is_caught():
+    # The same step under torch-cpu less conv2d (the conv then runs in float32; the head's
+    # linear still lowers, so the output dtype agrees) must fail the comparison, or the
+    # comparison proves nothing.
+    policy = get_preset("torch-cpu")
+    table = {op: a for op, a in policy.table.items() if op_base_name(op) != "conv2d"}
+    ours, native, x = _pair("cnn_batchnorm")
+    a = _step(ours, x, HpuAutocastMode(torch.bfloat16, policy=policy.replace_table(table, name="no-conv2d")))
+    b = _step(native, x, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert a[0].dtype == b[0].dtype
+    with pytest.raises(AssertionError):
+        _assert_steps_equal(ours, native, a, b)
+
+
+class Tied(nn.Module):
+    """Shared weights: one Linear applied twice, its weight once more through matmul, and the
+    embedding's weight as the output layer. Each is cast once per region with the cast cache
+    (gradients then sum in the lower dtype before the cast back), once per use without it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, tokens):
+        h = self.lin(F.gelu(self.lin(self.embed(tokens))))
+        h = torch.matmul(h, self.lin.weight)
+        return F.linear(h.mean(1), self.embed.weight)
+
+
+def _tied_step(cache: bool, dtype, ours: bool):
+    torch.manual_seed(0)
+    model = Tied()
+    tokens = torch.randint(0, 10, (4, 5), generator=torch.Generator().manual_seed(1))
+    region = (HpuAutocastMode(dtype, policy="torch-cpu", cache_enabled=cache) if ours
+              else torch.autocast("cpu", dtype=dtype, cache_enabled=cache))
+    return model, _step(model, tokens, region)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "no_cache"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_shared_weights_match_native(dtype, cache):
+    ours, a = _tied_step(cache, dtype, ours=True)
+    native, b = _tied_step(cache, dtype, ours=False)
+    _assert_steps_equal(ours, native, a, b)
+
+
+def test_cast_cache_changes_shared_weight_grads():
+    # Why test_shared_weights_match_native runs both ways: native's gradients differ with and
+    # without the cache, so matching both pins our cache to native's.
+    (_, (_, _, with_cache)), (_, (_, _, without)) = (_tied_step(c, torch.bfloat16, ours=False) for c in (True, False))
+    assert any(differences(g, h) for g, h in zip(with_cache, without))
+
+
+# --- LSTM ----------------------------------------------------------------------------------------
+# nn.LSTM calls aten::lstm. Under oneDNN (the default on CPU) that runs aten::mkldnn_rnn_layer,
+# which native autocast lowers and which fails on CPUs without a bf16/fp16 oneDNN LSTM primitive
+# ("could not create a primitive descriptor for the LSTM forward propagation primitive"), for
+# native autocast itself: ours must then fail the same way, and match it bit for bit where it runs.
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_lstm_matches_native(dtype):
-    # nn.LSTM calls aten::lstm, whose oneDNN path fails in lower precision on some CPUs for
-    # native autocast itself; ours must then fail the same way, and match it where it runs.
     ours, native, x = _pair("lstm")
     try:
         b = _step(native, x, torch.autocast("cpu", dtype=dtype))
@@ -149,17 +224,97 @@ def test_lstm_matches_native(dtype):
     _assert_steps_equal(ours, native, a, b)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_lstm_without_onednn_is_close(dtype):
-    # Without oneDNN, aten::lstm runs its cells in C++ and calls at::linear from there: native
-    # autocast casts at that entry, which no Python mode can see. Ours casts the mm/addmm that
-    # linear decomposes into, so values agree to rounding, and the dtypes exactly.
+def _lstm_steps_without_onednn(dtype):
     ours, native, x = _pair("lstm")
     with torch.backends.mkldnn.flags(enabled=False):
-        out, loss, grads = _step(ours, x, HpuAutocastMode(dtype, policy="torch-cpu"))
-        rout, rloss, rgrads = _step(native, x, torch.autocast("cpu", dtype=dtype))
-    assert out.dtype == rout.dtype and loss.dtype == rloss.dtype
+        a = _step(ours, x, HpuAutocastMode(dtype, policy="torch-cpu"))
+        b = _step(native, x, torch.autocast("cpu", dtype=dtype))
+    return ours, native, a, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lstm_without_onednn_is_close(dtype):
+    # Note: without oneDNN, aten::lstm runs its cells in C++ and calls at::linear from there.
+    # Native autocast casts at that at::linear entry (its AutocastCPU kernel sits in the C++
+    # dispatcher), which no Python mode can see: a TorchFunctionMode sees only Python-level
+    # calls, and our dispatch mode sees linear only after it has decomposed into t + addmm/mm
+    # below autograd. We cast those, so the same products run in the same dtype, but the
+    # rounding points differ (measured: ~1e-3 relative in the gradients). Hence dtypes exactly,
+    # values to rounding.
+    ours, native, (out, loss, grads), (rout, rloss, rgrads) = _lstm_steps_without_onednn(dtype)
+    assert out.dtype == rout.dtype == dtype and loss.dtype == rloss.dtype
     torch.testing.assert_close(out, rout, rtol=2e-2, atol=2e-2)
-    for g, r in zip(grads, rgrads):
-        assert g.dtype == r.dtype
-        torch.testing.assert_close(g, r, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(loss, rloss, rtol=2e-2, atol=2e-2)
+    for (n, _), g, r in zip(ours.named_parameters(), grads, rgrads):
+        assert g.dtype == r.dtype, n
+        torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2, msg=lambda m: f"grad of {n}: {m}")
+    for (n, p), q in zip(ours.named_parameters(), native.parameters()):
+        torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-2, msg=lambda m: f"{n} after the SGD step: {m}")
+
+
+@pytest.mark.xfail(strict=True, reason="known limitation: at::linear called from C++ inside aten::lstm "
+                                       "is cast by native autocast at its entry, invisible to Python modes")
+def test_lstm_without_onednn_bit_for_bit():
+    # Tracks the limitation above: if it ever passes, tighten test_lstm_without_onednn_is_close.
+    ours, native, a, b = _lstm_steps_without_onednn(torch.bfloat16)
+    _assert_steps_equal(ours, native, a, b)
+
+
+# --- inference -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["mlp_layernorm", "cnn_batchnorm", "embed_attention"])
+def test_eval_forward_matches_native(name, dtype):
+    # Eval mode under no_grad: BatchNorm uses its running statistics, MultiheadAttention may take
+    # its fused path (aten._native_multi_head_attention, on the CPU list).
+    ours, native, x = _pair(name)
+    ours.eval(), native.eval()
+    with torch.no_grad():
+        with HpuAutocastMode(dtype, policy="torch-cpu"):
+            out = ours(x)
+        with torch.autocast("cpu", dtype=dtype):
+            ref = native(x)
+    assert not differences(out, ref), differences(out, ref)
+
+
+def test_encoder_eval_forward_without_fast_path_matches_native():
+    # Locates the difference of the xfail below: with the fused path off for both, ours and
+    # native run the same Python code and agree bit for bit.
+    ours, native, x = _pair("encoder")
+    layer, ref_layer = ours.layer.eval(), native.layer.eval()
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+                out = layer(x)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ref = ref_layer(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+    if not _compat.HAS_REDISPATCH:
+        # torch < 2.13: F.multi_head_attention_forward's linear is cast after it decomposes, as in
+        # test_training_step_matches_native: dtype exact, values to rounding.
+        assert out.dtype == ref.dtype
+        torch.testing.assert_close(out, ref, rtol=5e-2, atol=5e-2)
+        return
+    assert not differences(out, ref), differences(out, ref)
+
+
+@pytest.mark.xfail(strict=True, reason="engine: TransformerEncoderLayer's fast path is taken under "
+                                       "torch.autocast('cpu') but not under a TorchFunctionMode")
+def test_encoder_eval_forward_matches_native():
+    # In eval mode under no_grad, nn.TransformerEncoderLayer.forward picks its fused fast path
+    # (torch._transformer_encoder_layer_fwd) unless `torch.is_autocast_enabled()` (which asks
+    # about CUDA only, so CPU autocast does not stop it) or `has_torch_function(args)`, which is
+    # True whenever any TorchFunctionMode is active. So native runs the fused C++ kernel, whose
+    # internal at::_native_multi_head_attention/at::linear calls autocast lowers, and returns
+    # bfloat16; ours runs the Python slow path, whose last op is layer_norm, and returns float32.
+    ours, native, x = _pair("encoder")
+    layer, ref_layer = ours.layer.eval(), native.layer.eval()
+    with torch.no_grad():
+        with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+            out = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ref = ref_layer(x)
+    assert not differences(out, ref), differences(out, ref)
