@@ -3,6 +3,7 @@ dtype its list gives, with values equal bit for bit to a hand-cast control run w
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import re
 
@@ -253,51 +254,232 @@ def test_float16_is_refused_by_name():
         HpuAutocastMode(dtype=torch.float16)
 
 
-# --- calls that are not eligible run untouched ------------------------------------------------
+# --- module, method and operator spellings ----------------------------------------------------
+# Seed 002/003: listed ops are cast "whether they are invoked as part of a torch.nn.Module, as a
+# function, or as a torch.Tensor method". Each case: (seed name, ours, hand-cast control); the
+# expected dtype comes from the seed's lists through expected_list.
 
-def _untouched(fn):
+def _g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _t(*shape, seed=0, dtype=torch.float32, positive=False):
+    t = torch.rand(*shape, generator=_g(seed)) + 0.5 if positive else torch.randn(*shape, generator=_g(seed))
+    return t.to(dtype)
+
+
+def _module(cls, *args, **kwargs):
+    torch.manual_seed(0)
+    return cls(*args, **kwargs)
+
+
+BF = torch.bfloat16
+X, Y, W = _t(2, 4), _t(2, 4, seed=1), _t(4, 3, seed=2)
+XB, YB, PB = X.to(BF), Y.to(BF), _t(2, 4, seed=3, positive=True).to(BF)
+IMG = _t(1, 2, 5, 5, seed=4)
+TARGET = torch.tensor([0, 3])
+IDX = torch.tensor([[0, 2], [4, 1]])
+
+
+# Module cases: called with ours=True under the mode, ours=False for the hand-cast control,
+# each on a freshly built module from the same seed.
+
+def _linear(ours):
+    m = _module(nn.Linear, 4, 3)
+    return m(X) if ours else F.linear(X.to(BF), m.weight.to(BF), m.bias.to(BF))
+
+
+def _conv2d(ours):
+    m = _module(nn.Conv2d, 2, 3, 3, padding=1)
+    return m(IMG) if ours else F.conv2d(IMG.to(BF), m.weight.to(BF), m.bias.to(BF), padding=1)
+
+
+def _conv_transpose1d(ours):
+    m = _module(nn.ConvTranspose1d, 2, 3, 3)
+    x = IMG[:, :, 0]
+    return m(x) if ours else F.conv_transpose1d(x.to(BF), m.weight.to(BF), m.bias.to(BF))
+
+
+def _layer_norm(ours):
+    m = _module(nn.LayerNorm, 4)
+    with torch.no_grad():
+        m.weight.copy_(_t(4, seed=5))
+    # Input only: weight and bias stay float32 in the control too.
+    return m(X) if ours else F.layer_norm(X.to(BF), (4,), m.weight, m.bias)
+
+
+def _group_norm(ours):
+    m = _module(nn.GroupNorm, 1, 2)
+    return m(IMG) if ours else F.group_norm(IMG.to(BF), 1, m.weight, m.bias)
+
+
+def _dropout(ours):
+    m = _module(nn.Dropout, 0.5).train()
+    torch.manual_seed(1)
+    return m(X) if ours else F.dropout(X.to(BF), 0.5, True)
+
+
+def _cross_entropy(ours):
+    logits = _t(2, 4, dtype=BF)
+    return nn.CrossEntropyLoss()(logits, TARGET) if ours else F.cross_entropy(logits.float(), TARGET)
+
+
+def _embedding(ours):
+    m = _module(nn.Embedding, 5, 3).to(BF)
+    return m(IDX) if ours else F.embedding(IDX, m.weight.float())
+
+
+def _bilinear(ours):
+    m = _module(nn.Bilinear, 4, 4, 2)
+    return m(XB, YB) if ours else F.bilinear(XB.float(), YB.float(), m.weight, m.bias)
+
+
+def _both(fn):
+    return functools.partial(fn, True), functools.partial(fn, False)
+
+
+SPELLINGS = {
+    # lower precision
+    "x @ w": ("matmul", lambda: X @ W, lambda: X.to(BF) @ W.to(BF)),
+    "x.mm(w)": ("mm", lambda: X.mm(W), lambda: X.to(BF).mm(W.to(BF))),
+    "x.matmul(w)": ("matmul", lambda: X.matmul(W), lambda: X.to(BF).matmul(W.to(BF))),
+    "x * y": ("mul", lambda: X * Y, lambda: X.to(BF) * Y.to(BF)),
+    "x.mul(yb)": ("mul", lambda: X.mul(YB), lambda: X.to(BF).mul(YB)),
+    "x.mean()": ("mean", lambda: X.mean(), lambda: X.to(BF).mean()),
+    "x.softmax(-1)": ("softmax", lambda: X.softmax(-1), lambda: X.to(BF).softmax(-1)),
+    "nn.Softmax": ("softmax", lambda: nn.Softmax(-1)(X), lambda: torch.softmax(X.to(BF), -1)),
+    "nn.LogSoftmax": ("log_softmax", lambda: nn.LogSoftmax(-1)(X), lambda: torch.log_softmax(X.to(BF), -1)),
+    "nn.LeakyReLU": ("leaky_relu", lambda: nn.LeakyReLU(0.2)(X), lambda: F.leaky_relu(X.to(BF), 0.2)),
+    "nn.Dropout": ("dropout", *_both(_dropout)),
+    "nn.Linear": ("linear", *_both(_linear)),
+    "nn.Conv2d": ("conv2d", *_both(_conv2d)),
+    "nn.ConvTranspose1d": ("conv_transpose1d", *_both(_conv_transpose1d)),
+    "nn.LayerNorm": ("layer_norm", *_both(_layer_norm)),
+    "nn.GroupNorm": ("group_norm", *_both(_group_norm)),
+    # FP32
+    "xb / yb": ("truediv", lambda: XB / PB, lambda: XB.float() / PB.float()),
+    "xb.div(yb)": ("div", lambda: XB.div(PB), lambda: XB.float().div(PB.float())),
+    "pb ** yb": ("pow", lambda: PB ** YB, lambda: PB.float() ** YB.float()),
+    "2 ** xb": ("pow", lambda: 2 ** XB, lambda: 2 ** XB.float()),
+    "xb.exp()": ("exp", lambda: XB.exp(), lambda: XB.float().exp()),
+    "pb.log()": ("log", lambda: PB.log(), lambda: PB.float().log()),
+    "pb.rsqrt()": ("rsqrt", lambda: PB.rsqrt(), lambda: PB.float().rsqrt()),
+    "xb.logsumexp(-1)": ("logsumexp", lambda: XB.logsumexp(-1), lambda: XB.float().logsumexp(-1)),
+    "nn.Softplus": ("softplus", lambda: nn.Softplus()(XB), lambda: F.softplus(XB.float())),
+    "nn.MSELoss": ("mse_loss", lambda: nn.MSELoss()(XB, YB), lambda: F.mse_loss(XB.float(), YB.float())),
+    "nn.CrossEntropyLoss": ("cross_entropy_loss", *_both(_cross_entropy)),
+    "nn.CosineSimilarity": ("cosine_similarity", lambda: nn.CosineSimilarity()(XB, YB),
+                            lambda: F.cosine_similarity(XB.float(), YB.float())),
+    "nn.Embedding": ("embedding", *_both(_embedding)),
+    "nn.Bilinear": ("bilinear", *_both(_bilinear)),
+    # promote: bfloat16 beside float32 runs in float32
+    "xb + y": ("add", lambda: XB + Y, lambda: XB.float() + Y),
+    "xb - y": ("sub", lambda: XB - Y, lambda: XB.float() - Y),
+    "xb.addcmul(y, yb)": ("addcmul", lambda: XB.addcmul(Y, YB), lambda: XB.float().addcmul(Y, YB.float())),
+    "torch.cat": ("cat", lambda: torch.cat([XB, Y]), lambda: torch.cat([XB.float(), Y])),
+    "torch.stack": ("stack", lambda: torch.stack([XB, Y]), lambda: torch.stack([XB.float(), Y])),
+}
+
+_EXPECTED_DTYPE = {"lower": torch.bfloat16, "fp32": torch.float32, "promote": torch.float32}
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_module_method_and_operator_spellings(spelling):
+    name, ours_fn, control_fn = SPELLINGS[spelling]
+    with HpuAutocastMode():
+        ours = ours_fn()
+    control = control_fn()
+    assert ours.dtype == _EXPECTED_DTYPE[expected_list(name)]
+    assert _equal(ours, control)
+
+
+def test_reverse_division_is_reciprocal_then_mul():
+    # Tensor.__rtruediv__ is Python, `self.reciprocal() * other`: two ATen calls, as Gaudi's C++
+    # autocast sees them too. reciprocal is FP32, then mul is on the lower list: bfloat16.
+    with HpuAutocastMode():
+        ours = 1 / PB
+    assert ours.dtype == torch.bfloat16
+    assert _equal(ours, PB.float().reciprocal().to(BF) * 1)
+
+
+# --- calls that are not eligible run untouched ------------------------------------------------
+# Seeds 002/003: in-place ops (HPU names one, iadd), out= calls, calls with an explicit dtype=,
+# and float64 or non-floating inputs run as they would with no mode. Each case: (thunk, the
+# dtype it returns). Mixed inputs make a wrongful cast visible in the values.
+
+def _ineligible_cases():
+    x, y, w = _t(2, 4), _t(2, 4, seed=1), _t(4, 3, seed=2)
+    xb, pb = x.to(BF), _t(2, 4, seed=3, positive=True).to(BF)
+    d, dw = x.double(), w.double()
+    i, iw = torch.randint(-5, 5, (2, 4), generator=_g(7)), torch.randint(-5, 5, (4, 3), generator=_g(8))
+    f64 = torch.float64
+    return {
+        # in-place variants of listed ops (the preset names add_ through iadd, nothing else)
+        "xb.mul_(y)": (lambda: xb.clone().mul_(y), BF),
+        "x.div_(pb)": (lambda: x.clone().div_(pb), torch.float32),
+        "xb.exp_()": (lambda: xb.clone().exp_(), BF),
+        "pb.pow_(y)": (lambda: pb.clone().pow_(y), BF),
+        "x.sub_(xb)": (lambda: x.clone().sub_(xb), torch.float32),
+        "addmm_": (lambda: _t(2, 3).addmm_(x, w), torch.float32),
+        "addcmul_": (lambda: x.clone().addcmul_(xb, y), torch.float32),
+        "leaky_relu(inplace)": (lambda: F.leaky_relu(x.clone(), 0.1, inplace=True), torch.float32),
+        "dropout(inplace)": (lambda: F.dropout(x.clone(), 0.5, True, inplace=True), torch.float32),
+        # out=
+        "mm(out=)": (lambda: torch.mm(x, w, out=torch.empty(2, 3)), torch.float32),
+        "matmul(out=)": (lambda: torch.matmul(x, w, out=torch.empty(2, 3)), torch.float32),
+        "mul(out=)": (lambda: torch.mul(x, y, out=torch.empty(2, 4)), torch.float32),
+        "exp(out=)": (lambda: torch.exp(xb, out=torch.empty(2, 4, dtype=BF)), BF),
+        "div(out=)": (lambda: torch.div(xb, pb, out=torch.empty(2, 4, dtype=BF)), BF),
+        "add(out=)": (lambda: torch.add(xb, y, out=torch.empty(2, 4, dtype=BF)), BF),
+        "cat(out=)": (lambda: torch.cat([xb, y], out=torch.empty(4, 4, dtype=BF)), BF),
+        "mean(out=)": (lambda: torch.mean(x, 0, out=torch.empty(4)), torch.float32),
+        # explicit dtype=
+        "softmax(dtype=f32)": (lambda: torch.softmax(x, -1, dtype=torch.float32), torch.float32),
+        "softmax(bf16, dtype=f32)": (lambda: F.softmax(xb, -1, dtype=torch.float32), torch.float32),
+        "log_softmax(dtype=f32)": (lambda: F.log_softmax(x, -1, dtype=torch.float32), torch.float32),
+        "mean(dtype=f32)": (lambda: x.mean(dtype=torch.float32), torch.float32),
+        "mean(bf16, dtype=f64)": (lambda: torch.mean(xb, dtype=f64), f64),
+        # float64
+        "mm f64": (lambda: torch.mm(d, dw), f64),
+        "linear f64": (lambda: F.linear(d, dw.T), f64),
+        "layer_norm f64": (lambda: F.layer_norm(d, (4,), torch.ones(4, dtype=f64), None), f64),
+        "softmax f64": (lambda: torch.softmax(d, -1), f64),
+        "exp f64": (lambda: torch.exp(d), f64),
+        "div f64": (lambda: d / 3, f64),
+        "cross_entropy f64": (lambda: F.cross_entropy(d, torch.tensor([0, 3])), f64),
+        "cat f64": (lambda: torch.cat([d, d]), f64),
+        "add f64 + f32": (lambda: torch.add(d, x), f64),  # torch's own promotion decides
+        # integer and bool
+        "mm int": (lambda: torch.mm(i, iw), torch.int64),
+        "i * 3": (lambda: i * 3, torch.int64),
+        "i + i": (lambda: i + i, torch.int64),
+        "i / 2": (lambda: i / 2, torch.float32),  # true division of integers: float by torch
+        "pow int": (lambda: torch.pow(i, 2), torch.int64),
+        "cat int": (lambda: torch.cat([i, i]), torch.int64),
+        "topk int": (lambda: torch.topk(i, 2)[0], torch.int64),
+        "mul bool": (lambda: torch.mul(i > 0, i < 3), torch.bool),
+    }
+
+
+INELIGIBLE = _ineligible_cases()
+
+
+@pytest.mark.parametrize("case", sorted(INELIGIBLE))
+def test_ineligible_call_is_untouched(case):
+    fn, dtype = INELIGIBLE[case]
     torch.manual_seed(0)
     plain = fn()
     torch.manual_seed(0)
     with HpuAutocastMode():
         ours = fn()
+    assert ours.dtype == dtype
     assert _equal(ours, plain)
-    return ours
 
 
-def test_inplace_not_named_is_untouched():
-    a, b = torch.randn(3, 4), torch.randn(3, 4)
-    out = _untouched(lambda: a.clone().mul_(b))
-    assert out.dtype == torch.float32
-
-
-def test_out_overload_is_untouched():
-    a, b = torch.randn(2, 4), torch.randn(4, 3)
-    out = _untouched(lambda: torch.mm(a, b, out=torch.empty(2, 3)))
-    assert out.dtype == torch.float32
-
-
-def test_explicit_dtype_is_untouched():
-    x = torch.randn(3, 4, dtype=torch.bfloat16)
-    assert _untouched(lambda: torch.softmax(x.float(), -1, dtype=torch.float32)).dtype == torch.float32
-    assert _untouched(lambda: torch.softmax(x, -1, dtype=torch.float32)).dtype == torch.float32
-    assert _untouched(lambda: torch.mean(x.float(), dtype=torch.float32)).dtype == torch.float32
-
-
-def test_float64_is_untouched():
-    a, b = torch.randn(2, 4, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
-    assert _untouched(lambda: torch.mm(a, b)).dtype == torch.float64
-    assert _untouched(lambda: torch.exp(a)).dtype == torch.float64
-    # float64 beside float32 under promote: float64 is not eligible, so nothing is cast and
-    # torch's own type promotion decides.
-    w = torch.randn(4, 3)
-    assert _untouched(lambda: torch.add(b, w)).dtype == torch.float64
-
-
-def test_integer_calls_are_untouched():
-    a, b = torch.randint(-5, 5, (2, 4)), torch.randint(-5, 5, (4, 3))
-    assert _untouched(lambda: torch.mm(a, b)).dtype == torch.int64
-    assert _untouched(lambda: a * 3).dtype == torch.int64
+def test_a_wrongful_cast_would_show():
+    # The cases above can fail: casting xb.mul_(y)'s float32 operand down changes the values.
+    x, y = _t(2, 4).to(BF), _t(2, 4, seed=1)
+    assert not torch.equal(x.clone().mul_(y), x.clone().mul_(y.to(BF)))
 
 
 def test_batchnorm_training_updates_running_statistics():
@@ -313,3 +495,27 @@ def test_batchnorm_training_updates_running_statistics():
     assert torch.count_nonzero(bn.running_mean) == 3 and bn.num_batches_tracked.item() == 1
     assert torch.equal(bn.running_mean, control.running_mean)
     assert torch.equal(bn.running_var, control.running_var)
+    # A second step keeps them in step with the control (momentum over float32 statistics).
+    x2 = torch.randn(4, 3, 5, 5)
+    with HpuAutocastMode():
+        bn(x2)
+    control(x2.bfloat16())
+    assert bn.num_batches_tracked.item() == 2
+    assert torch.equal(bn.running_mean, control.running_mean)
+    assert torch.equal(bn.running_var, control.running_var)
+
+
+def test_batchnorm_eval_uses_running_statistics_and_leaves_them():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(3))
+        bn.running_var.copy_(torch.rand(3) + 0.5)
+    bn.eval()
+    before = (bn.running_mean.clone(), bn.running_var.clone())
+    x = torch.randn(2, 3, 4, 4)
+    with HpuAutocastMode():
+        y = bn(x)
+    control = F.batch_norm(x.bfloat16(), bn.running_mean, bn.running_var, bn.weight, bn.bias, False)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, control)
+    assert torch.equal(bn.running_mean, before[0]) and torch.equal(bn.running_var, before[1])
