@@ -381,8 +381,8 @@ SPELLINGS = {
     "torch.special.logsumexp": ("logsumexp", lambda: torch.special.logsumexp(XB, -1), lambda: torch.logsumexp(XB.float(), -1)),
     "torch.subtract": ("sub", lambda: torch.subtract(XB, Y), lambda: torch.sub(XB.float(), Y)),
     "torch.concat": ("cat", lambda: torch.concat([XB, Y]), lambda: torch.cat([XB.float(), Y])),
-    "conv1d(padding='same')": ("conv1d", lambda: F.conv1d(IMG[0], _t(3, 2, 3, seed=13), padding="same"),
-                               lambda: F.conv1d(IMG[0].to(BF), _t(3, 2, 3, seed=13).to(BF), padding="same")),
+    "conv1d(padding='same')": ("conv1d", lambda: F.conv1d(IMG[:, :, 0], _t(3, 2, 3, seed=13), padding="same"),
+                               lambda: F.conv1d(IMG[:, :, 0].to(BF), _t(3, 2, 3, seed=13).to(BF), padding="same")),
     # promote: bfloat16 beside float32 runs in float32
     "xb + y": ("add", lambda: XB + Y, lambda: XB.float() + Y),
     "xb - y": ("sub", lambda: XB - Y, lambda: XB.float() - Y),
