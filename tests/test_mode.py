@@ -313,3 +313,22 @@ def test_record_and_report_with_the_decorator():
     assert [r.calls for r in mode.report().rows] == [1, 1]
     with pytest.raises(RuntimeError, match="record=True"):
         HpuAutocastMode().report()
+
+
+def test_an_op_raising_inside_the_region_leaves_it_working():
+    # Each level suppresses the policy while it runs an op; a raising op must not leave the
+    # suppression on (the next ops would run uncast) or a Python function marked re-entered.
+    import torch.nn.functional as F
+
+    from hpu_autocast._engine import current_engine
+
+    bad_calls = [lambda: torch.mm(A, A), lambda: torch.ops.aten.mm.default(A, A), lambda: F.linear(A, B),
+                 lambda: F.cross_entropy(A, torch.tensor([5, 7])), lambda: F.layer_norm(A, (5,))]
+    with HpuAutocastMode():
+        for bad in bad_calls:
+            with pytest.raises((RuntimeError, IndexError)):
+                bad()
+            engine = current_engine()
+            assert engine.suppress == 0 and not engine.function_mode._reentered
+            assert torch.mm(A, B).dtype == torch.bfloat16
+            assert F.cross_entropy(A.bfloat16(), torch.tensor([0, 1])).dtype == torch.float32
