@@ -332,7 +332,7 @@ def test_module_called_twice_against_native(cache_enabled):
     _assert_same(ours, native)
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "engine bug: Engine.cast_args caches the cast of a float32 leaf that requires grad even "
     "under torch.no_grad() (the store condition in _engine.py's cast() does not check "
     "torch.is_grad_enabled()), so the copy cached there has no grad_fn and a later use of the "
