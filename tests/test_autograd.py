@@ -354,3 +354,19 @@ def test_weight_first_used_under_no_grad_still_gets_its_gradient():
     native = run(torch.autocast("cpu", dtype=BF))
     ours = run(HpuAutocastMode(BF, policy="torch-cpu"))
     _assert_same(ours, native)
+
+
+def test_iadd_under_hpu_against_a_hand_cast_control():
+    # HPU's iadd keeps its first input's dtype: the float32 operand is cast to bfloat16, and
+    # its gradient comes back through that cast in float32.
+    def run(region, cast):
+        torch.manual_seed(0)
+        lin = nn.Linear(4, 4)
+        x, y = torch.randn(2, 4), torch.randn(2, 4, requires_grad=True)
+        with region:
+            h = lin(x) if cast is None else F.linear(cast(x), cast(lin.weight), cast(lin.bias))
+            h += y if cast is None else cast(y)
+        _loss(h).backward()
+        return h, {"y": y.grad, "w": lin.weight.grad, "b": lin.bias.grad}
+
+    _assert_same(run(HpuAutocastMode(), None), run(_NoMode(), _to_bf16))
