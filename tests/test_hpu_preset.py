@@ -188,6 +188,23 @@ def test_fp32_op(name, form):
     assert _equal(out, control)
 
 
+@pytest.mark.parametrize("name", sorted(set(LOWER) - NORMS))
+def test_lower_op_leaves_its_insides_alone(name):
+    # The lower list's composites (linear, matmul, conv*, scaled_dot_product_attention, dropout,
+    # softmax) decompose into other ops, some on the FP32 list (sdpa's math path divides):
+    # one decision, at the entry, as native autocast makes.
+    fn, args, kwargs = build(name)
+    decisions = []
+
+    def observer(level, rule, func, reason, *_):
+        if rule is not None:
+            decisions.append((level, reason))
+
+    with HpuAutocastMode(observer=observer):
+        _call(fn, args, kwargs)
+    assert decisions == [("function", "lower")]
+
+
 @pytest.mark.parametrize("name", sorted(set(FP32) - set(LOWER)))
 def test_fp32_op_leaves_its_insides_alone(name):
     # A composite on the FP32 list (cross_entropy_loss, cosine_similarity, kl_div, ...) calls
