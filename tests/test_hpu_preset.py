@@ -1,5 +1,12 @@
 """The default ``hpu`` policy against seed 000, op by op: each op of the three lists runs in the
-dtype its list gives, with values equal bit for bit to a hand-cast control run with no mode."""
+dtype its list gives, with values equal bit for bit to a hand-cast control run with no mode.
+
+The lists are parsed from the seed's text (tests/seeds is a copy of ../shared/seeds), not taken
+from ``presets/hpu.py``, so a drift between the document and the preset fails here. Sections:
+the lists op by op (samples from ``_samples.py``); module, method, operator and namespace
+spellings; calls that are not eligible (in-place, ``out=``, ``dtype=``, float64, integers);
+``nn.BatchNorm2d`` running statistics. Known engine bugs are strict xfails with their cause.
+"""
 
 from __future__ import annotations
 
