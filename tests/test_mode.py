@@ -332,3 +332,26 @@ def test_an_op_raising_inside_the_region_leaves_it_working():
             assert engine.suppress == 0 and not engine.function_mode._reentered
             assert torch.mm(A, B).dtype == torch.bfloat16
             assert F.cross_entropy(A.bfloat16(), torch.tensor([0, 1])).dtype == torch.float32
+
+
+def test_observer_runs_with_the_policy_off_and_may_raise():
+    # An observer's own torch calls are not the user's: not cast, not observed (no recursion).
+    seen = []
+
+    def observer(level, rule, func, reason, args, kwargs, target):
+        seen.append(torch.mm(A, B).dtype)
+
+    with HpuAutocastMode(observer=observer):
+        assert torch.mm(A, B).dtype == torch.bfloat16
+    assert seen == [torch.float32]
+
+    def failing(*event):
+        raise LookupError("observer failed")
+
+    with HpuAutocastMode() as outer:
+        with pytest.raises(LookupError):
+            with HpuAutocastMode(observer=failing):
+                torch.mm(A, B)
+        # The failure unwound the inner region only; the outer one still casts.
+        assert get_dtype() == outer.dtype and torch.mm(A, B).dtype == torch.bfloat16
+    assert not is_enabled()
