@@ -169,6 +169,29 @@ def test_hpu_preset_op_follows_its_seed_list(name, shapes, dtypes, seed):
         assert out.dtype == expected
 
 
+def _iadd(a, b):
+    a += b
+    return a
+
+
+@settings(max_examples=80, deadline=None)
+@given(shapes=broadcastable_shapes(), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**16))
+def test_hpu_iadd_keeps_its_first_input_dtype(shapes, da, db, seed):
+    # Seed 000 lists iadd under promote; an in-place op cannot change its self's dtype, so the
+    # other operand is cast to self's dtype (CastPolicy.FIRST) when both are eligible.
+    full = torch.broadcast_shapes(*shapes)
+    a, b = _tensor(full, da, seed), _tensor(shapes[1], db, seed + 1)
+    with HpuAutocastMode():
+        out = _outcome(_iadd, [a.clone(), b])
+    eligible = [t.dtype for t in (a, b) if is_eligible(t)]
+    target = compute_dtype(CastPolicy.FIRST, eligible, torch.bfloat16) if eligible else None
+    control = _outcome(_iadd, [a.clone(), b.to(target) if target is not None and is_eligible(b) else b])
+    assert _same(out, control), (out, control)
+    if isinstance(out, torch.Tensor):
+        assert out.dtype == da
+
+
 @FAST
 @given(dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), max_size=4),
        lower=st.sampled_from(LOWER_DTYPES))
