@@ -116,3 +116,14 @@ def test_input_only_norm_on_cuda_casts_its_params():
         b = bn(x)
     assert b.dtype == torch.bfloat16 and bn.running_mean.dtype == torch.float32
     assert torch.count_nonzero(bn.running_mean) > 0
+
+
+def test_python_wrapper_passing_out_none_is_not_an_out_call():
+    # torch.functional.tensordot calls handle_torch_function with out=None; the older-torch path
+    # (HPU_AUTOCAST_NO_REDISPATCH=1) took that for an out= call, left tensordot alone, and its
+    # inner mm ran in lower precision.
+    policy = get_preset("torch-cuda")
+    a, b = torch.randn(2, 3, 4), torch.randn(3, 4, 2)
+    with HpuAutocastMode(torch.bfloat16, policy=policy):
+        out = torch.tensordot(a, b, 2)
+    assert out.dtype == torch.float32 and torch.equal(out, torch.tensordot(a, b, 2))

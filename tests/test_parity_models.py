@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hpu_autocast import HpuAutocastMode
+from hpu_autocast import HpuAutocastMode, _compat
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -123,6 +123,14 @@ def test_training_step_matches_native(name, dtype):
     ours, native, x = _pair(name)
     a = _step(ours, x, HpuAutocastMode(dtype, policy="torch-cpu"))
     b = _step(native, x, torch.autocast("cpu", dtype=dtype))
+    if not _compat.HAS_REDISPATCH and name in ("encoder", "embed_attention"):
+        # torch < 2.13: F.multi_head_attention_forward's body is invisible to the function mode,
+        # so its linear is cast after it decomposes (docs/design.md, Versions): dtypes exact,
+        # values to rounding.
+        for x, y in zip(a[:2] + tuple(a[2]), b[:2] + tuple(b[2])):
+            assert x.dtype == y.dtype
+            torch.testing.assert_close(x, y, rtol=5e-2, atol=5e-2)
+        return
     _assert_steps_equal(ours, native, a, b)
 
 

@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode, get_preset
-from hpu_autocast._ops import op_base_name
+from hpu_autocast._ops import all_overloads, op_base_name
 
 POLICY = get_preset("torch-cpu")
 DTYPES = [torch.bfloat16, torch.float16]
@@ -140,16 +140,7 @@ def test_every_overload_is_reached():
 
 def test_preset_equals_what_torch_registers():
     registered = set()
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name, None)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
-            continue
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            try:
-                has = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "AutocastCPU")
-            except RuntimeError:  # a TorchScript-only overload (aten::__and__.bool)
-                continue
-            if has:
-                registered.add(op)
+    for op in all_overloads("aten"):
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "AutocastCPU"):
+            registered.add(op)
     assert set(POLICY.table) == registered

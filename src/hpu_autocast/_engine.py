@@ -215,7 +215,7 @@ class _FunctionMode(TorchFunctionMode):
         rule = frule.select(args, kwargs)
         if rule is None or rule is DEFER:
             if region.observer is not None and rule is None:
-                _observe(region, "function", None, func, "out=" if "out" in kwargs else "not listed", args, kwargs, None)
+                _observe(region, "function", None, func, "out=" if kwargs.get("out") is not None else "not listed", args, kwargs, None)
             return func(*args, **kwargs)
         return _run(engine, region, rule, func, args, kwargs, "function", frule.positions)
 

@@ -61,7 +61,7 @@ def _takes_tensors(op: OpOverload) -> bool:
 
 def is_composite(op: OpOverload) -> bool:
     """True when ``op`` decomposes above autograd, before a dispatch mode sees it."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+    return has_kernel(op, "CompositeImplicitAutograd")
 
 
 def is_out(op: OpOverload) -> bool:
@@ -112,3 +112,32 @@ def find_packet(namespace: str, name: str) -> Optional[OpOverloadPacket]:
         return getattr(ns, name)
     except (AttributeError, RuntimeError):
         return None
+
+
+def all_overloads(namespace: str = "aten") -> Iterator[OpOverload]:
+    """Every overload registered with the dispatcher in ``namespace``.
+
+    Note: ``dir(torch.ops.aten)`` lists only the packets looked up so far in this process; the
+    dispatcher's own table is complete.
+    """
+    prefix = namespace + "::"
+    for qualified in sorted(torch._C._dispatch_get_all_op_names()):
+        if not qualified.startswith(prefix):
+            continue
+        base, _, overload = qualified[len(prefix):].partition(".")
+        packet = find_packet(namespace, base)
+        if packet is None:
+            continue
+        try:
+            yield getattr(packet, overload or "default")
+        except (AttributeError, RuntimeError):
+            continue
+
+
+def has_kernel(op: OpOverload, key: str) -> bool:
+    """Whether ``op`` has a kernel for dispatch key ``key`` (False for TorchScript-only
+    overloads such as ``aten::einsum.sublist``, which the dispatcher does not know)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+    except RuntimeError:
+        return False

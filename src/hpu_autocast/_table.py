@@ -87,7 +87,7 @@ class FuncRule:
 
     def select(self, args: tuple, kwargs: dict):
         """The ``OpRule`` this call is, ``None`` when the policy leaves it alone, or ``DEFER``."""
-        if "out" in kwargs:
+        if kwargs.get("out") is not None:
             if not self.out_rules:
                 return None
             return self._resolve(args, kwargs, self.out_rules)
@@ -160,7 +160,7 @@ def _namespaces() -> list:
 
 #: Python-level wrappers in torch.nn.functional whose ATen name differs from theirs. Used only
 #: where ``redispatch_function`` is missing (torch < 2.13), to apply the policy at the wrapper.
-F_ALIASES = {"cross_entropy": "cross_entropy_loss", "dropout1d": "feature_dropout",
+F_ALIASES = {"cross_entropy": "cross_entropy_loss", "nll_loss": "nll_loss_nd", "dropout1d": "feature_dropout",
              "dropout2d": "feature_dropout", "dropout3d": "feature_dropout"}
 
 
@@ -232,13 +232,20 @@ def _function_table(dispatch: Dict[OpOverload, OpRule]) -> Dict[Callable, FuncRu
         if fn is not None and inner:
             table[fn] = NestedRule(pick, inner)
     if not _compat.HAS_REDISPATCH:
-        for name in dir(F):
-            fn = getattr(F, name)
-            if isinstance(fn, types.FunctionType):
-                base = F_ALIASES.get(name, name)
-                if base in by_packet:
-                    params = list(inspect.signature(fn).parameters)
-                    add(fn, base, {p: i for i, p in enumerate(params)})
+        # Python-level wrappers, matched by name: torch.nn.functional, torch.functional (cdist,
+        # stft, norm), and Tensor methods written in Python (Tensor.stft).
+        for space in (F, torch.functional, torch.Tensor):
+            for name in dir(space):
+                fn = getattr(space, name, None)
+                if isinstance(fn, types.FunctionType):
+                    alias = PYTHON_ALIASES.get(name)
+                    base = F_ALIASES.get(name) or (alias if isinstance(alias, str) else name)
+                    nested = table.get(getattr(torch._C._nn, base, None)) if base in NESTED else None
+                    if nested is not None:
+                        table.setdefault(fn, nested)
+                    elif base in by_packet and fn not in table:
+                        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
+                        add(fn, base, {p: i for i, p in enumerate(params)})
     return table
 
 

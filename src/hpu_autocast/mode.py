@@ -20,6 +20,11 @@ def _as_policy(policy: Union[str, Policy]) -> Policy:
     if isinstance(policy, Policy):
         return policy
     if isinstance(policy, str):
+        if policy == "hpu":
+            # Gaudi's override files (PT_HPU_AUTOCAST_*_OPS_LIST), read when such a mode is made.
+            from .overrides import policy_from_env
+
+            return policy_from_env("hpu")
         return get_preset(policy)
     raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
 

@@ -65,12 +65,16 @@ class Policy:
     unlisted: Optional[CastPolicy] = None
     #: Applied to in-place ops not in the table (HMP: ``FIRST``); ``None`` leaves them alone.
     inplace: Optional[CastPolicy] = None
+    #: Every op of the promote list, also those a lower or FP32 entry overrides: when a user
+    #: replaces the lower list, an op it no longer names falls back to promote.
+    promoted: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         # Note: frozen means frozen all the way down; callers may pass plain dicts.
         object.__setattr__(self, "table", MappingProxyType(dict(self.table)))
         object.__setattr__(self, "banned", MappingProxyType(dict(self.banned)))
         object.__setattr__(self, "input_only", frozenset(self.input_only))
+        object.__setattr__(self, "promoted", frozenset(self.promoted))
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted((str(k), v.value) for k, v in self.table.items()))))
@@ -105,6 +109,14 @@ class Policy:
             name=self.name if name is None else name,
             input_only=self.input_only if input_only is None else frozenset(input_only),
         )
+
+    def with_lists(self, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
+                   promote: Optional[Iterable] = None, name: Optional[str] = None) -> "Policy":
+        """A new policy whose lower, FP32 and/or promote lists are replaced by these op names
+        (see ``hpu_autocast.overrides.with_lists``)."""
+        from .overrides import with_lists
+
+        return with_lists(self, lower=lower, fp32=fp32, promote=promote, name=name)
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         """Raise ``ValueError`` naming ``dtype`` if this policy cannot run in it."""

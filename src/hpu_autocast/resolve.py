@@ -56,6 +56,9 @@ PYTHON_ALIASES = {
     "dropout1d": "feature_dropout",
     "dropout2d": "feature_dropout",
     "dropout3d": "feature_dropout",
+    # Python functions whose policy is that of the ATen op they call (seed 003's CUDA list).
+    "normalize": "norm",
+    "softmin": "softmax",
 }
 
 #: Where a name came from, for error messages: (file or None, line or None).
@@ -76,8 +79,11 @@ def _where(source: Optional[Source]) -> str:
 @functools.lru_cache(maxsize=1)
 def _known_names() -> tuple:
     names = set(PYTHON_ALIASES)
-    for name in dir(torch.ops.aten):
-        if not name.startswith("_") or name.startswith("_convolution"):
+    # Note: dir(torch.ops.aten) lists only packets already looked up; ask the dispatcher.
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        name = rest.partition(".")[0]
+        if ns == "aten" and (not name.startswith("_") or name.startswith("_convolution")):
             names.add(name)
     return tuple(sorted(names))
 

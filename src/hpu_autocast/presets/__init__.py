@@ -13,8 +13,13 @@ from torch._ops import OpOverload
 from .. import _ops
 from ..policy import CastPolicy, Policy
 from ..resolve import PolicyError, Source, resolve
+import dataclasses
+
+from . import hmp as _hmp
 from . import hpu as _hpu
 from . import torch_cpu as _torch_cpu
+from . import torch_cuda as _torch_cuda
+from . import xpu as _xpu
 
 __all__ = ["PRESETS", "get_preset", "build_policy", "preset_names"]
 
@@ -32,7 +37,7 @@ def _entries(names: Iterable, file: Optional[str] = None) -> List[Entry]:
 
 
 def _resolve_all(entries: Sequence[Entry], *, tolerate_missing: bool, registered: Optional[str],
-                 missing: List[str]) -> Dict[OpOverload, Entry]:
+                 missing: List[str], keep_composites: bool = False) -> Dict[OpOverload, Entry]:
     """Resolve entries to ``{overload: the entry that named it}``."""
     out: Dict[OpOverload, Entry] = {}
     for name, source in entries:
@@ -44,7 +49,7 @@ def _resolve_all(entries: Sequence[Entry], *, tolerate_missing: bool, registered
             missing.append(name)
             continue
         if registered is not None:
-            ops = [op for op in ops if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), registered)]
+            ops = [op for op in ops if _ops.has_kernel(op, registered) or (keep_composites and _ops.is_composite(op))]
             if not ops:
                 missing.append(name)
                 continue
@@ -71,6 +76,7 @@ def build_policy(
     dtypes: tuple = (torch.bfloat16, torch.float16),
     tolerate_missing: bool = False,
     registered: Optional[str] = None,
+    keep_composites: bool = False,
 ) -> Policy:
     """Build a ``Policy`` from op names.
 
@@ -81,10 +87,12 @@ def build_policy(
 
     ``tolerate_missing`` skips names this torch does not have (recorded in
     ``Policy.missing``); ``registered`` keeps only overloads with a kernel for that dispatch
-    key (``"AutocastCPU"`` makes a preset exactly what native autocast registers).
+    key (``"AutocastCPU"`` makes a preset exactly what native autocast registers);
+    ``keep_composites`` keeps composite entries too, whose insides native autocast casts.
     """
     missing: List[str] = []
-    kw = dict(tolerate_missing=tolerate_missing, registered=registered, missing=missing)
+    kw = dict(tolerate_missing=tolerate_missing, registered=registered, missing=missing,
+              keep_composites=keep_composites)
     low = _resolve_all(_entries(lower), **kw)
     f32 = _resolve_all(_entries(fp32), **kw)
     pro = _resolve_all(_entries(promote), **kw)
@@ -106,7 +114,7 @@ def build_policy(
         for op in resolve(n):
             ban[op] = message
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=dtypes,
-                  missing=tuple(dict.fromkeys(missing)))
+                  missing=tuple(dict.fromkeys(missing)), promoted=frozenset(pro))
 
 
 def _build_hpu() -> Policy:
@@ -123,9 +131,38 @@ def _build_torch_cpu() -> Policy:
     )
 
 
+def _build_hmp(opt_level: str = "O1") -> Policy:
+    if opt_level == "O2":
+        # GEMMs and convolutions in bfloat16, everything else float32 (no first-input rule).
+        policy = build_policy("hmp-O2", lower=_hmp.O2_BF16, dtypes=(torch.bfloat16,))
+        return dataclasses.replace(policy, unlisted=CastPolicy.FP32)
+    policy = build_policy(
+        "hmp", lower=_hmp.BF16, fp32=_hmp.FP32, promote=_hmp.PROMOTE, input_only=_hmp.INPUT_ONLY,
+        dtypes=(torch.bfloat16,), tolerate_missing=True,
+    )
+    return dataclasses.replace(policy, unlisted=CastPolicy.FIRST, inplace=CastPolicy.FIRST)
+
+
+def _build_xpu() -> Policy:
+    return build_policy("xpu", lower=_xpu.LOWER, fp32=_xpu.FP32, promote=_xpu.PROMOTE, tolerate_missing=True)
+
+
+def _build_torch_cuda() -> Policy:
+    return build_policy(
+        "torch-cuda", lower=_torch_cuda.LOWER + _torch_cuda.REGISTERED_LOWER,
+        fp32=_torch_cuda.FP32 + _torch_cuda.REGISTERED_FP32,
+        promote=_torch_cuda.PROMOTE + _torch_cuda.REGISTERED_PROMOTE,
+        banned=_torch_cuda.BANNED, tolerate_missing=True, registered="AutocastCUDA", keep_composites=True,
+    )
+
+
 #: Preset name -> zero-argument builder.
 PRESETS: Dict[str, Callable[[], Policy]] = {
     "hpu": _build_hpu,
+    "hmp": _build_hmp,
+    "hmp-O2": lambda: _build_hmp("O2"),
+    "xpu": _build_xpu,
+    "torch-cuda": _build_torch_cuda,
     "torch-cpu": _build_torch_cpu,
 }
 

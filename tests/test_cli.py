@@ -1,0 +1,91 @@
+"""The command line: policy, check, diff, docs (and report, in test_report_cli)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hpu_autocast import CastPolicy, get_preset
+from hpu_autocast.cli import main, policies_markdown
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "policies.md"
+
+
+def test_policy_json_rows(capsys):
+    assert main(["policy", "--preset", "torch-cpu", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"op": "aten.mm.default", "action": "lower"} in rows
+    assert {"op": "aten.cat.default", "action": "promote"} in rows
+    assert {r["action"] for r in rows} == {"lower", "fp32", "promote"}
+    policy = get_preset("torch-cpu")
+    assert len(rows) == len(policy.table)
+    names = {CastPolicy.LOWER: "lower", CastPolicy.FP32: "fp32", CastPolicy.PROMOTE: "promote"}
+    assert {r["op"]: r["action"] for r in rows} == {str(op): names[a] for op, a in policy.table.items()}
+
+
+def test_policy_table_and_markdown_with_list_files(tmp_path, capsys):
+    lower = tmp_path / "lower.txt"
+    lower.write_text("mm\n")
+    assert main(["policy", "--lower-list", str(lower)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^aten\.mm\.default\s+lower$", out, re.M)
+    assert not re.search(r"^aten\.bmm\.default", out, re.M)  # the lower list was replaced
+    assert main(["policy", "--preset", "hpu", "--format", "markdown"]) == 0
+    assert "| `aten.mm.default` | lower |" in capsys.readouterr().out
+
+
+def test_check_lists_bad_names_with_their_lines(tmp_path, capsys):
+    good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+    good.write_text("mm\n# comment\naten::addmm.out\n")
+    bad.write_text("mm\nadddmm\n\nnot_an_op\n")
+    assert main(["check", str(good)]) == 0
+    assert "2 ops, all valid" in capsys.readouterr().out
+    assert main(["check", str(good), str(bad), str(tmp_path / "missing.txt")]) == 1
+    out = capsys.readouterr().out
+    assert f"unknown op 'adddmm' ({bad}, line 2); closest valid names: addmm" in out
+    assert f"unknown op 'not_an_op' ({bad}, line 4)" in out
+    assert "missing.txt' does not exist" in out
+    assert "Traceback" not in out
+
+
+def test_policy_with_a_bad_file_is_an_error_not_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("nope_op\n")
+    assert main(["policy", "--fp32-list", str(bad)]) == 2
+    assert "unknown op 'nope_op'" in capsys.readouterr().err
+
+
+def test_diff(capsys):
+    assert main(["diff", "hpu", "torch-cpu"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^aten\.exp\.default\s+fp32\s+-$", out, re.M)
+    assert re.search(r"^aten\.conv_tbc\.default\s+-\s+lower$", out, re.M)
+    assert not re.search(r"^aten\.mm\.default", out, re.M)  # lower in both
+    assert main(["diff", "hpu", "hpu"]) == 0
+    assert "0 overloads differ" in capsys.readouterr().out
+
+
+def test_unknown_preset_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["policy", "--preset", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_policies_doc_is_current():
+    text = DOCS.read_text()
+    version = re.search(r"\(torch ([\d.]+)\)", text).group(1)
+    if version != torch.__version__.split("+")[0]:
+        pytest.skip(f"docs/policies.md was generated with torch {version}")
+    assert text == policies_markdown() + "\n", "stale: run python -m hpu_autocast docs > docs/policies.md"
+
+
+def test_module_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "hpu_autocast", "policy", "--preset", "hmp", "--format", "json"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert {"op": "aten.linear.default", "action": "lower"} in json.loads(out)

@@ -1,0 +1,165 @@
+"""Override lists: files (Gaudi's environment variables, HMP's file arguments) and programmatic
+lists. Each error names its culprit."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, get_preset
+from hpu_autocast.overrides import policy_from_env, policy_from_files, read_list
+
+MM, EXP, MUL = torch.ops.aten.mm.default, torch.ops.aten.exp.default, torch.ops.aten.mul.Tensor
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_read_list_skips_blanks_and_comments(tmp_path):
+    path = _write(tmp_path, "l.txt", "# my list\nmm\n\n  addmm  # GEMM\n#exp\n")
+    assert read_list(path) == [("mm", (path, 2)), ("addmm", (path, 4))]
+
+
+def test_files_replace_the_lists(tmp_path):
+    lower = _write(tmp_path, "lower.txt", "mm\nexp\n")
+    fp32 = _write(tmp_path, "fp32.txt", "linear\n")
+    policy = policy_from_files("hpu", lower=lower, fp32=fp32)
+    assert policy.table[MM] is CastPolicy.LOWER and policy.table[EXP] is CastPolicy.LOWER
+    assert policy.table[torch.ops.aten.linear.default] is CastPolicy.FP32
+    # mul was lower and promote; the new lower list drops it, so promote applies again.
+    assert policy.table[MUL] is CastPolicy.PROMOTE
+    assert torch.ops.aten.log.default not in policy.table  # the FP32 list was replaced
+    x = torch.randn(3)
+    with HpuAutocastMode(policy=policy):
+        assert torch.exp(x).dtype == torch.bfloat16
+        assert torch.log(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_empty_path_keeps_the_list():
+    assert policy_from_files("hmp", lower="", fp32=None) is get_preset("hmp")
+
+
+def test_with_lists_returns_a_new_policy():
+    base = get_preset("hpu")
+    policy = base.with_lists(fp32=["mm"], promote=["maximum"])
+    assert policy is not base and policy.table[MM] is CastPolicy.FP32
+    assert policy.table[torch.ops.aten.maximum.default] is CastPolicy.PROMOTE
+    assert base.table[MM] is CastPolicy.LOWER  # untouched
+    # Named on a new FP32 list, mm leaves the kept default lower list; exp leaves FP32 likewise.
+    assert get_preset("hpu").with_lists(lower=["exp"]).table[EXP] is CastPolicy.LOWER
+
+
+def test_environment_variables(tmp_path, monkeypatch):
+    lower = _write(tmp_path, "lower.txt", "mm\n")
+    fp32 = _write(tmp_path, "fp32.txt", "addmm\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", lower)
+    monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", fp32)
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+    with HpuAutocastMode():
+        assert torch.mm(a, b).dtype == torch.bfloat16
+        assert torch.addmm(torch.randn(2, 2), a, b).dtype == torch.float32
+        b3 = torch.randn(1, 3, 2)
+        assert torch.bmm(a[None], b3).dtype == torch.float32  # no longer on the lower list
+    assert policy_from_env() is policy_from_env()  # files read once while unchanged
+    with HpuAutocastMode(policy="torch-cpu"):  # only the default policy reads them
+        assert torch.addmm(torch.randn(2, 2), a, b).dtype == torch.bfloat16
+
+
+def test_files_read_again_when_changed(tmp_path, monkeypatch):
+    path = _write(tmp_path, "lower.txt", "mm\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", path)
+    first = policy_from_env()
+    (tmp_path / "lower.txt").write_text("mm\nbmm\n")
+    assert torch.ops.aten.bmm.default in policy_from_env().table
+    assert torch.ops.aten.bmm.default not in first.table
+
+
+@pytest.mark.parametrize("old, new", [("LOWER_LIST", "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"),
+                                      ("FP32_LIST", "PT_HPU_AUTOCAST_FP32_OPS_LIST")])
+def test_deprecated_variables_warn_and_work(tmp_path, monkeypatch, old, new):
+    monkeypatch.delenv(new, raising=False)
+    monkeypatch.setenv(old, _write(tmp_path, "l.txt", "log\n" if old == "LOWER_LIST" else "mm\n"))
+    with pytest.warns(DeprecationWarning, match=new):
+        mode = HpuAutocastMode()
+    expected = CastPolicy.LOWER if old == "LOWER_LIST" else CastPolicy.FP32
+    op = torch.ops.aten.log.default if old == "LOWER_LIST" else MM
+    assert mode.policy.table[op] is expected
+
+
+# --- errors, each naming the culprit ------------------------------------------------------------
+
+def test_unknown_op_names_file_line_and_suggestions(tmp_path):
+    path = _write(tmp_path, "lower.txt", "mm\n\naddmmm\n")
+    with pytest.raises(PolicyError, match=r"unknown op 'addmmm' \(.*lower.txt, line 3\); closest valid names: addmm"):
+        policy_from_files("hpu", lower=path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(PolicyError, match=r"op list file '.*nope.txt' does not exist"):
+        policy_from_files("hpu", fp32=str(tmp_path / "nope.txt"))
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(PolicyError, match="is a directory"):
+        read_list(tmp_path)
+
+
+def test_file_that_is_not_text(tmp_path):
+    p = tmp_path / "model.bin"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    with pytest.raises(PolicyError, match=r"'.*model.bin' is not a text file"):
+        read_list(p)
+    q = tmp_path / "latin1.txt"
+    q.write_bytes(b"mm\n\xe9\n")
+    with pytest.raises(PolicyError, match=r"'.*latin1.txt' is not UTF-8 text"):
+        read_list(q)
+
+
+def test_op_on_both_lists(tmp_path):
+    lower = _write(tmp_path, "lower.txt", "mm\nexp\n")
+    fp32 = _write(tmp_path, "fp32.txt", "log\nexp\n")
+    with pytest.raises(PolicyError, match=r"aten.exp.default is on both the lower-precision list, as 'exp' "
+                                          r"\(.*lower.txt, line 2\), and the FP32 list, as 'exp' \(.*fp32.txt, line 2\)"):
+        policy_from_files("hpu", lower=lower, fp32=fp32)
+
+
+def test_env_file_errors_surface_when_the_mode_is_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", _write(tmp_path, "f.txt", "not_an_op_at_all\n"))
+    with pytest.raises(PolicyError, match="not_an_op_at_all"):
+        HpuAutocastMode()
+
+
+# --- generated list files ----------------------------------------------------------------------
+
+VALID = ["mm", "aten::addmm", "aten.bmm", "aten.mv.default", "addmm.out", "truediv", "iadd",
+         "cross_entropy_loss", "conv_transpose2d", "__matmul__", "relu", "softmax"]
+name_chars = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=4, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(valid=st.lists(st.sampled_from(VALID), max_size=5, unique=True),
+       invalid=st.lists(name_chars.filter(lambda n: n not in VALID), max_size=3, unique=True),
+       data=st.data())
+def test_generated_list_files(tmp_path, valid, invalid, data):
+    from hpu_autocast.resolve import _known_names
+
+    invalid = [n for n in invalid if n not in _known_names() and not n.startswith("_")]
+    lines = data.draw(st.permutations(valid + invalid))
+    path = _write(tmp_path, "gen.txt", "# generated\n" + "\n".join(lines) + "\n")
+    if invalid:
+        first_bad = next(n for n in lines if n in invalid)
+        with pytest.raises(PolicyError, match=rf"'{first_bad}' \(.*gen.txt, line {lines.index(first_bad) + 2}\)"):
+            policy_from_files("hpu", lower=path)
+    else:
+        policy = policy_from_files("hpu", lower=path)
+        for name in valid:
+            from hpu_autocast import resolve
+
+            assert all(policy.table[op] is CastPolicy.LOWER for op in resolve(name))

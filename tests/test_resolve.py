@@ -1,0 +1,71 @@
+"""Op names as users write them, resolved to overloads; unknown names are errors naming them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpu_autocast import HpuAutocastMode, PolicyError, build_policy, resolve
+
+aten = torch.ops.aten
+
+torch.library.define("hpu_autocast_test::scale_mm", "(Tensor x, Tensor w) -> Tensor")
+
+
+@torch.library.impl("hpu_autocast_test::scale_mm", "CompositeExplicitAutograd")
+def _scale_mm(x, w):
+    return (x @ w) * 2
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("addmm", {aten.addmm.default, aten.addmm.dtype}),
+    ("aten::addmm", {aten.addmm.default, aten.addmm.dtype}),
+    ("aten.addmm", {aten.addmm.default, aten.addmm.dtype}),
+    ("aten.addmm.default", {aten.addmm.default}),
+    ("addmm.out", {aten.addmm.out}),
+    ("aten::addmm.out", {aten.addmm.out}),
+    ("  addmm  ", {aten.addmm.default, aten.addmm.dtype}),
+    ("addmm_", {aten.addmm_.default}),
+    ("truediv", {aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode}),
+    ("iadd", {aten.add_.Tensor, aten.add_.Scalar}),
+    ("cross_entropy_loss", {aten.cross_entropy_loss.default}),
+    ("cross_entropy", {aten.cross_entropy_loss.default}),
+    ("conv_transpose2d", {aten.conv_transpose2d.input}),
+    ("__matmul__", {aten.matmul.default}),
+    ("linear", {aten.linear.default}),
+    ("hpu_autocast_test::scale_mm", {torch.ops.hpu_autocast_test.scale_mm.default}),
+    ("hpu_autocast_test.scale_mm.default", {torch.ops.hpu_autocast_test.scale_mm.default}),
+])
+def test_spellings(name, expected):
+    assert set(resolve(name)) == expected
+
+
+def test_a_name_covers_functional_overloads_only():
+    ops = resolve("add")
+    assert aten.add.Tensor in ops and aten.add.Scalar in ops
+    assert aten.add_.Tensor not in ops and aten.add.out not in ops
+
+
+@pytest.mark.parametrize("name, message", [
+    ("adddmm", "unknown op 'adddmm'; closest valid names: addmm"),
+    ("addmm.nope", "unknown overload 'addmm.nope'; aten::addmm has: default, dtype, dtype_out, out"),
+    ("mylib_nowhere::op", "unknown op 'mylib_nowhere::op'"),
+    ("", "op names must be non-empty strings"),
+])
+def test_unknown_names(name, message):
+    with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve(name)
+
+
+def test_unknown_name_cites_its_source():
+    with pytest.raises(PolicyError, match=r"unknown op 'softmaxx' \(lists/lower.txt, line 7\); closest valid names: softmax"):
+        resolve("softmaxx", ("lists/lower.txt", 7))
+
+
+def test_custom_op_in_a_policy_is_cast():
+    policy = build_policy("custom", lower=["hpu_autocast_test::scale_mm"])
+    x, w = torch.randn(2, 3), torch.randn(3, 4)
+    with HpuAutocastMode(policy=policy):
+        out = torch.ops.hpu_autocast_test.scale_mm(x, w)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, torch.ops.hpu_autocast_test.scale_mm(x.bfloat16(), w.bfloat16()))
