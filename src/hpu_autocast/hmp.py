@@ -17,16 +17,28 @@ training loop re-enters every step. ``convert`` opens one region for the whole p
 cache would hand the forward a stale copy of a weight the optimizer has since updated. HMP
 casts on every call; so does this region (``cache_enabled=False``).
 
+[Note: backward runs uncast under convert]
+HMP casts by wrapping Python functions, so the backward pass (C++ autograd) is never cast: it
+runs in the dtypes autograd's own ``ToCopyBackward`` nodes give it. A region left open for
+the whole process would also see backward's ATen calls (``mul`` inside ``div``'s backward
+would be lowered to bfloat16). So ``convert`` wraps ``torch.autograd.backward`` and
+``torch.autograd.grad`` (``Tensor.backward`` calls the former) to run with casting off, and
+``reset`` restores them. Code that bound those functions before ``convert``
+(``from torch.autograd import grad``) bypasses the wrapper.
+
 ``hmp.reset()`` (not part of HMP) undoes ``convert``; tests use it to clean up.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import warnings
 from typing import Optional
 
 import torch
+import torch.autograd
 
 from .mode import HpuAutocastMode
 from .overrides import policy_from_files
@@ -40,9 +52,44 @@ LOGGER_NAME = "hpu_autocast.hmp"
 _OPT_LEVELS = {"O1": "hmp", "O2": "hmp-O2"}
 
 # Thread -> the region convert() opened there.
-import threading
-
 _converted = threading.local()
+# The autograd entry points convert() wrapped, restored when no thread is converted.
+_originals: dict = {}
+_users = 0
+_lock = threading.Lock()
+
+
+def _uncast(fn):
+    @functools.wraps(fn)
+    def run_uncast(*args, **kwargs):
+        if not is_converted():
+            return fn(*args, **kwargs)
+        with HpuAutocastMode(enabled=False):
+            return fn(*args, **kwargs)
+
+    run_uncast._hpu_autocast_hmp = True
+    return run_uncast
+
+
+def _wrap_autograd() -> None:
+    global _users
+    with _lock:
+        if _users == 0:
+            for name in ("backward", "grad"):
+                fn = getattr(torch.autograd, name)
+                _originals[name] = fn
+                setattr(torch.autograd, name, _uncast(fn))
+        _users += 1
+
+
+def _unwrap_autograd() -> None:
+    global _users
+    with _lock:
+        _users -= 1
+        if _users == 0:
+            for name, fn in _originals.items():
+                setattr(torch.autograd, name, fn)
+            _originals.clear()
 
 
 class _PrintHandler(logging.Handler):
@@ -97,6 +144,7 @@ def convert(opt_level: str = "O1", bf16_file_path: str = "", fp32_file_path: str
     mode = HpuAutocastMode(torch.bfloat16, policy=policy, cache_enabled=False, observer=observer)
     mode.__enter__()
     _converted.mode = mode
+    _wrap_autograd()
 
 
 def is_converted() -> bool:
@@ -111,8 +159,15 @@ def reset() -> None:
     mode: Optional[HpuAutocastMode] = getattr(_converted, "mode", None)
     if mode is None:
         return
+    from ._engine import current_engine
+
+    engine = current_engine()
+    if engine is None or not engine.regions or engine.regions[-1] is not mode._region:
+        raise RuntimeError("hmp.reset: a region entered after hmp.convert is still open in this thread; "
+                           "exit it first (regions must be exited in the reverse order they were entered)")
     mode.__exit__(None, None, None)
     _converted.mode = None
+    _unwrap_autograd()
 
 
 def disable_casts() -> HpuAutocastMode:
