@@ -217,3 +217,25 @@ def test_optimizer_step_and_hand_code_under_disabled_casts(how):
     assert out[False][2] == out[True][2] == torch.bfloat16
     for a, b in zip(out[False][0], out[True][0]):
         assert a.dtype is torch.float32 and torch.equal(a, b)
+
+
+# -- the README's example --------------------------------------------------------------------
+
+def test_readme_training_example_runs_and_matches_native():
+    import os
+    import runpy
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "train_amp.py")
+    ours = runpy.run_path(path, run_name="example")
+    # The control: the same script under native torch.autocast and torch's own checkpoint.
+    src = open(path).read()
+    src = src.replace('HpuAutocastMode(torch.float16, policy="torch-cpu")', 'torch.autocast("cpu", dtype=torch.float16)')
+    src = src.replace("from hpu_autocast.checkpoint import checkpoint",
+                      "from torch.utils.checkpoint import checkpoint as _ckpt\n"
+                      "checkpoint = lambda f, x: _ckpt(f, x, use_reentrant=False)")
+    native: dict = {}
+    exec(compile(src, path, "exec"), native)
+    assert ours["h"].dtype is torch.float16
+    assert ours["losses"] == native["losses"] and ours["losses"][-1] < ours["losses"][0] / 4
+    for a, b in zip(ours["model"].parameters(), native["model"].parameters()):
+        assert torch.equal(a, b)
