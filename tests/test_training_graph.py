@@ -12,7 +12,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 import hpu_autocast
 from hpu_autocast import HpuAutocastMode
-from hpu_autocast import checkpoint as hc
+from hpu_autocast.checkpoint import checkpoint as ckpt, context_fn
 
 
 def region(native: bool, policy: str = "torch-cpu", dtype=torch.bfloat16):
@@ -77,10 +77,10 @@ def test_torch_checkpoint_alone_recomputes_in_float32_and_fails():
 
 
 CKPT = {
-    "checkpoint": lambda f, x: hc.checkpoint(f, x),
-    "checkpoint reentrant": lambda f, x: hc.checkpoint(f, x, use_reentrant=True),
+    "checkpoint": lambda f, x: ckpt(f, x),
+    "checkpoint reentrant": lambda f, x: ckpt(f, x, use_reentrant=True),
     "torch + context_fn": lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False,
-                                                                   context_fn=hc.context_fn),
+                                                                   context_fn=context_fn),
 }
 
 
@@ -123,7 +123,7 @@ def test_checkpoint_forward_is_observed_once():
     mode = HpuAutocastMode(torch.bfloat16, policy="torch-cpu",
                            observer=lambda level, rule, func, *a: calls.append(str(func)))
     with mode:
-        y = hc.checkpoint(m, x)
+        y = ckpt(m, x)
     n = len(calls)
     y.sum().backward()
     assert n > 0 and len(calls) == n  # the recomputation is not reported again
