@@ -2,8 +2,6 @@
 Every run is compared with a native ``torch.autocast("cpu")`` twin under the ``torch-cpu``
 policy (the same op lists), bit for bit."""
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
