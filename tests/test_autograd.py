@@ -332,12 +332,6 @@ def test_module_called_twice_against_native(cache_enabled):
     _assert_same(ours, native)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "engine bug: Engine.cast_args caches the cast of a float32 leaf that requires grad even "
-    "under torch.no_grad() (the store condition in _engine.py's cast() does not check "
-    "torch.is_grad_enabled()), so the copy cached there has no grad_fn and a later use of the "
-    "weight with grad enabled, in the same region, reuses it: no gradient reaches the weight. "
-    "Native autocast gives the weight its gradient."))
 def test_weight_first_used_under_no_grad_still_gets_its_gradient():
     def run(region):
         torch.manual_seed(0)

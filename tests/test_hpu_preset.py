@@ -169,11 +169,6 @@ def _norm_by_keyword(name, x):
                             training=True, momentum=0.1, eps=1e-5, cudnn_enabled=False)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "engine bug: for an input-only rule (the norms), Engine.cast_args in _engine.py looks at "
-    "positional args only (it breaks after args[0] and skips kwargs when rule.input_only), so "
-    "an input passed by keyword, torch.layer_norm(input=x, ...), is never cast and the norm "
-    "runs in float32. Native autocast sees normalized arguments and casts it."))
 @pytest.mark.parametrize("name", ["layer_norm", "group_norm", "batch_norm"])
 def test_norm_with_its_input_by_keyword_casts_it(name):
     x = _t(2, 4)
@@ -451,12 +446,6 @@ def test_module_method_and_operator_spellings(spelling):
     assert _equal(ours, control)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "engine bug: torch.special.softmax/log_softmax are builtins of torch._C._special "
-    "(special_softmax, special_log_softmax) that call at::softmax.int / at::log_softmax.int "
-    "from C++. The function level has no rule for them and the dispatch level sees only "
-    "aten._softmax/_log_softmax (softmax.int is CompositeImplicitAutograd), so they run "
-    "uncast in float32; native autocast casts at the inner softmax.int call."))
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_special_namespace_softmax_is_cast(name):
     special, plain = getattr(torch.special, name), getattr(torch, name)

@@ -239,9 +239,6 @@ def test_readme_training_example_runs_and_matches_native():
         assert torch.equal(a, b)
 
 
-@pytest.mark.xfail(strict=True, reason="mode bug: HpuAutocastMode.__exit__ sets self._region = None before "
-                   "Engine.pop checks the exit order, so after a refused out-of-order exit the mode can "
-                   "never be exited and its region stays on the thread's stack")
 def test_refused_out_of_order_exit_leaves_the_mode_exitable():
     from hpu_autocast._engine import engine_for_thread
 

@@ -125,6 +125,12 @@ class Engine:
                 dtypes.extend(t.dtype for t in a if is_eligible(t))
             if input_only:
                 break
+        # An input-only op called with its input by keyword (torch.layer_norm(input=x, ...)).
+        input_key = None
+        if input_only and not args:
+            input_key = next((k for k in ("input", "self") if k in kwargs), None)
+            if input_key is not None and is_eligible(kwargs[input_key]):
+                dtypes.append(kwargs[input_key].dtype)
         if not input_only:
             for k, v in kwargs.items():
                 if k not in pnames and is_eligible(v):
@@ -146,8 +152,10 @@ class Engine:
             c = t.to(target)
             # As native autocast: cache casts of float32 leaves that require grad (weights),
             # and only above autograd, where the copy carries its ToCopyBackward.
+            # Under no_grad the copy has no ToCopyBackward: caching it would starve a later
+            # use with grad enabled of the weight's gradient.
             if (cache is not None and above_autograd and t.dtype is _FLOAT32 and t.requires_grad
-                    and t.is_leaf and not t._is_view()):
+                    and t.is_leaf and not t._is_view() and torch.is_grad_enabled()):
                 cache[id(t)] = (t, c)
             casts.append((t, c))
             return c
@@ -165,6 +173,8 @@ class Engine:
             if input_only:
                 break
         new_kwargs = kwargs
+        if input_key is not None:
+            new_kwargs = {**kwargs, input_key: cast(kwargs[input_key])}
         if kwargs and not input_only:
             new_kwargs = {k: (cast(v) if isinstance(v, _Tensor) and k not in pnames else v) for k, v in kwargs.items()}
         return tuple(new_args), new_kwargs, target, casts

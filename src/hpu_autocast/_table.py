@@ -171,6 +171,9 @@ F_ALIASES = {"cross_entropy": "cross_entropy_loss", "nll_loss": "nll_loss_nd", "
 #: builtin name -> the inner op, from the rank of the first argument.
 NESTED: Dict[str, Callable[[int], str]] = {
     "nll_loss_nd": lambda rank: "nll_loss" if rank <= 2 else "nll_loss2d",
+    # torch.special.softmax / log_softmax call at::softmax / at::log_softmax from C++.
+    "special_softmax": lambda rank: "softmax",
+    "special_log_softmax": lambda rank: "log_softmax",
 }
 
 
@@ -226,9 +229,12 @@ def _function_table(dispatch: Dict[OpOverload, OpRule]) -> Dict[Callable, FuncRu
         table.setdefault(op, FuncRule(op.overloadpacket._qualified_op_name, {op._overloadname: rule},
                                       [op._overloadname], {}))
     for name, pick in NESTED.items():
-        fn = getattr(torch._C._nn, name, None)
-        inner = {base: table[getattr(torch._C._nn, base)] for base in by_packet
-                 if getattr(torch._C._nn, base, None) in table}
+        fn = next((getattr(ns, name) for ns in spaces if hasattr(ns, name)), None)
+        inner = {}
+        for base in by_packet:
+            builtin = next((getattr(ns, base) for ns in spaces if getattr(ns, base, None) in table), None)
+            if builtin is not None:
+                inner[base] = table[builtin]
         if fn is not None and inner:
             table[fn] = NestedRule(pick, inner)
     if not _compat.HAS_REDISPATCH:
@@ -240,7 +246,8 @@ def _function_table(dispatch: Dict[OpOverload, OpRule]) -> Dict[Callable, FuncRu
                 if isinstance(fn, types.FunctionType):
                     alias = PYTHON_ALIASES.get(name)
                     base = F_ALIASES.get(name) or (alias if isinstance(alias, str) else name)
-                    nested = table.get(getattr(torch._C._nn, base, None)) if base in NESTED else None
+                    nested = next((table[getattr(ns, base)] for ns in spaces
+                                   if base in NESTED and getattr(ns, base, None) in table), None)
                     if nested is not None:
                         table.setdefault(fn, nested)
                     elif base in by_packet and fn not in table:

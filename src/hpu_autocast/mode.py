@@ -84,9 +84,12 @@ class HpuAutocastMode:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        region, self._region = self._region, None
+        region = self._region
         if region is not None:
+            # Note: pop first; if it refuses (an inner region still open), this mode stays
+            # entered and can be exited once the inner one is.
             engine_for_thread().pop(region)
+            self._region = None
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn`` so each call runs in a fresh region with these settings."""
