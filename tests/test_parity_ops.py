@@ -163,8 +163,8 @@ def test_public_table_covers_every_packet():
 
 def test_exclusions_are_few_and_real():
     # Each exclusion names a packet of the preset, and they stay the exception.
-    assert NO_PUBLIC <= set(PACKETS) and NATIVE_RAISES <= set(PACKETS)
-    assert len(NO_PUBLIC) <= 2 and len(NATIVE_RAISES) <= 2
+    assert NO_PUBLIC <= set(PACKETS) and NATIVE_RAISES <= set(PACKETS) and set(PUBLIC_KWARGS) <= set(PACKETS)
+    assert len(NO_PUBLIC) <= 2 and len(NATIVE_RAISES) <= 2 and len(PUBLIC_KWARGS) <= 2
 
 
 def test_the_comparison_catches_a_wrong_policy():
