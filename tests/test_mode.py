@@ -162,3 +162,196 @@ def test_bad_arguments_are_named():
 def test_public_api():
     for name in hpu_autocast.__all__:
         assert hasattr(hpu_autocast, name), name
+
+
+def test_decorated_function_raising_leaves_no_state():
+    @HpuAutocastMode()
+    def boom():
+        assert torch.mm(A, B).dtype == torch.bfloat16
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        boom()
+    assert not is_enabled() and torch.mm(A, B).dtype == torch.float32
+
+
+def test_decorator_keeps_the_function_name_and_nests_when_recursive():
+    @HpuAutocastMode()
+    def depth(n):
+        """doc"""
+        assert get_dtype() == torch.bfloat16
+        return 0 if n == 0 else 1 + depth(n - 1)
+
+    assert depth.__name__ == "depth" and depth.__doc__ == "doc"
+    assert depth(3) == 3 and not is_enabled()
+
+
+def test_disabled_then_enabled_again_inside():
+    with HpuAutocastMode():
+        with disable_casts():
+            assert get_dtype() is None and not is_enabled()
+            with HpuAutocastMode(torch.float16, policy="torch-cpu"):
+                assert torch.mm(A, B).dtype == torch.float16
+            assert torch.mm(A, B).dtype == torch.float32
+        assert get_dtype() == torch.bfloat16
+
+
+def test_regions_exit_in_reverse_order():
+    outer, inner = HpuAutocastMode(), HpuAutocastMode(torch.float16, policy="torch-cpu")
+    outer.__enter__()
+    inner.__enter__()
+    try:
+        with pytest.raises(RuntimeError, match="reverse order"):
+            outer.__exit__(None, None, None)
+    finally:
+        # The failed exit left both regions on the stack; unwind them properly.
+        inner.__exit__(None, None, None)
+        from hpu_autocast._engine import current_engine
+
+        current_engine().pop(current_engine().regions[-1])
+    assert not is_enabled() and torch.mm(A, B).dtype == torch.float32
+
+
+def test_two_threads_in_different_regions_at_once():
+    barrier = threading.Barrier(2, timeout=5)
+    seen = {}
+
+    def worker(key, mode):
+        with mode:
+            barrier.wait()  # both regions are open now
+            seen[key] = (torch.mm(A, B).dtype, get_dtype())
+            barrier.wait()  # both have looked
+        seen[key + "_after"] = torch.mm(A, B).dtype
+
+    threads = [threading.Thread(target=worker, args=("bf16", HpuAutocastMode())),
+               threading.Thread(target=worker, args=("f16", HpuAutocastMode(torch.float16, policy="torch-cpu")))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"bf16": (torch.bfloat16, torch.bfloat16), "f16": (torch.float16, torch.float16),
+                    "bf16_after": torch.float32, "f16_after": torch.float32}
+    assert not is_enabled()
+
+
+def test_cache_lives_as_long_as_the_outermost_region():
+    # Nested regions (an inner one disabled, too) share the outer region's cast copies, as
+    # torch.autocast's cache does: the weight is cast once in all.
+    lin = nn.Linear(4, 4, bias=False)
+    x = torch.randn(2, 4, dtype=torch.bfloat16)  # already bfloat16: only the weight is cast
+    counter = _CountCopies()
+    with counter, HpuAutocastMode(torch.bfloat16, policy="torch-cpu", cache_enabled=True):
+        lin(x)
+        with HpuAutocastMode(torch.bfloat16, policy="torch-cpu", cache_enabled=True):
+            lin(x)
+        with disable_casts():
+            pass
+        lin(x)
+    assert counter.copies == 1
+
+
+def test_observer_sees_each_cast_call():
+    events = []
+
+    def observer(level, rule, func, reason, args, kwargs, target):
+        if rule is not None:
+            events.append((level, str(rule.op), reason, target))
+
+    with HpuAutocastMode(observer=observer):
+        torch.mm(A, B)
+        torch.exp(A)
+        torch.relu(A)  # not listed: seen with rule None, dropped above
+    assert events == [("function", "aten.mm.default", "lower", torch.bfloat16),
+                      ("function", "aten.exp.default", "fp32", torch.float32)]
+
+
+def test_cache_defaults_on_without_hpu_and_is_off_on_hpu(monkeypatch):
+    import sys
+    import types
+
+    assert HpuAutocastMode().cache_enabled is True  # no Gaudi bridge loaded here
+    # Seed 000: "autocast caching is permanently disabled on HPU", even when asked for; and
+    # float16 is not supported there, whatever the policy.
+    monkeypatch.setitem(sys.modules, "habana_frameworks.torch", types.ModuleType("habana_frameworks.torch"))
+    assert HpuAutocastMode().cache_enabled is False
+    assert HpuAutocastMode(policy="torch-cpu", cache_enabled=True).cache_enabled is False
+    with pytest.raises(ValueError, match="float16"):
+        HpuAutocastMode(torch.float16, policy="torch-cpu")
+
+
+def test_float16_refused_by_the_hpu_policy_naming_it():
+    with pytest.raises(ValueError, match=r"float16.*accepted: bfloat16"):
+        HpuAutocastMode(torch.float16)
+    HpuAutocastMode(torch.float16, enabled=False)  # a disabled region checks nothing
+
+
+def test_verbose_logs_through_the_hpu_autocast_logger(caplog):
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="hpu_autocast"):
+        with HpuAutocastMode(verbose=True):
+            torch.mm(A, B)
+            with disable_casts():
+                torch.mm(A, B)  # disabled: no decision, no line
+        with HpuAutocastMode():  # not verbose: no line
+            torch.mm(A, B)
+    lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines == [("hpu_autocast", "DEBUG", "aten.mm.default  lower  f32,f32 -> bf16")]
+
+
+def test_record_and_report_with_the_decorator():
+    mode = HpuAutocastMode(record=True)
+
+    @mode
+    def step(a, b):
+        return torch.exp(torch.mm(a, b))
+
+    step(A, B)
+    rows = {r.op: (r.action, r.compute, r.calls) for r in mode.report().rows}
+    assert rows == {"aten.mm.default": ("lower", "bf16", 1), "aten.exp.default": ("fp32", "f32", 1)}
+    step(A, B)  # the report is of the last call's region
+    assert [r.calls for r in mode.report().rows] == [1, 1]
+    with pytest.raises(RuntimeError, match="record=True"):
+        HpuAutocastMode().report()
+
+
+def test_an_op_raising_inside_the_region_leaves_it_working():
+    # Each level suppresses the policy while it runs an op; a raising op must not leave the
+    # suppression on (the next ops would run uncast) or a Python function marked re-entered.
+    import torch.nn.functional as F
+
+    from hpu_autocast._engine import current_engine
+
+    bad_calls = [lambda: torch.mm(A, A), lambda: torch.ops.aten.mm.default(A, A), lambda: F.linear(A, B),
+                 lambda: F.cross_entropy(A, torch.tensor([5, 7])), lambda: F.layer_norm(A, (5,))]
+    with HpuAutocastMode():
+        for bad in bad_calls:
+            with pytest.raises((RuntimeError, IndexError)):
+                bad()
+            engine = current_engine()
+            assert engine.suppress == 0 and not engine.function_mode._reentered
+            assert torch.mm(A, B).dtype == torch.bfloat16
+            assert F.cross_entropy(A.bfloat16(), torch.tensor([0, 1])).dtype == torch.float32
+
+
+def test_observer_runs_with_the_policy_off_and_may_raise():
+    # An observer's own torch calls are not the user's: not cast, not observed (no recursion).
+    seen = []
+
+    def observer(level, rule, func, reason, args, kwargs, target):
+        seen.append(torch.mm(A, B).dtype)
+
+    with HpuAutocastMode(observer=observer):
+        assert torch.mm(A, B).dtype == torch.bfloat16
+    assert seen == [torch.float32]
+
+    def failing(*event):
+        raise LookupError("observer failed")
+
+    with HpuAutocastMode() as outer:
+        with pytest.raises(LookupError):
+            with HpuAutocastMode(observer=failing):
+                torch.mm(A, B)
+        # The failure unwound the inner region only; the outer one still casts.
+        assert get_dtype() == outer.dtype and torch.mm(A, B).dtype == torch.bfloat16
+    assert not is_enabled()

@@ -9,8 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import torch.nn.functional as F
+
 from hpu_autocast import CastPolicy, HpuAutocastMode, build_policy
-from hpu_autocast.rules import compute_dtype, is_eligible
+from hpu_autocast.rules import compute_dtype, has_explicit_dtype, is_eligible
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool]
 LOWER_DTYPES = [torch.bfloat16, torch.float16]
@@ -21,8 +23,8 @@ ACTIONS = {"mul": CastPolicy.LOWER, "maximum": CastPolicy.LOWER, "atan2": CastPo
            "hypot": CastPolicy.FP32, "add": CastPolicy.PROMOTE, "sub": CastPolicy.PROMOTE}
 FLOAT_ONLY = {"atan2", "hypot"}  # no integer or bool kernels
 
-settings.register_profile("suite", max_examples=60, deadline=None)
-settings.load_profile("suite")
+# Explicit per test (a profile loaded here would change every other module's hypothesis tests).
+FAST = settings(max_examples=60, deadline=None)
 
 
 @st.composite
@@ -49,7 +51,9 @@ def _control(name, a, b, lower):
     return getattr(torch, name)(cast(a), cast(b))
 
 
-@given(name=st.sampled_from(sorted(ACTIONS)), shapes=broadcastable_shapes(),
+@pytest.mark.parametrize("name", sorted(ACTIONS))
+@settings(max_examples=30, deadline=None)
+@given(shapes=broadcastable_shapes(),
        da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES), lower=st.sampled_from(LOWER_DTYPES),
        seed=st.integers(0, 2**16))
 def test_binary_op_follows_its_rule(name, shapes, da, db, lower, seed):
@@ -76,10 +80,13 @@ def test_binary_op_follows_its_rule(name, shapes, da, db, lower, seed):
         assert torch.equal(out, getattr(torch, name)(a, b))
 
 
+@FAST
 @given(shapes=broadcastable_shapes(), da=st.sampled_from(DTYPES[:4]), db=st.sampled_from(DTYPES[:4]),
        lower=st.sampled_from(LOWER_DTYPES), seed=st.integers(0, 2**16),
-       form=st.sampled_from(["inplace", "out", "dtype"]))
-def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, seed, form):
+       form=st.sampled_from(["inplace", "out", "dtype"]), preset=st.booleans())
+def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, seed, form, preset):
+    # mul is LOWER in both policies; softmax is LOWER under hpu (so dtype= is tested there).
+    policy, lower = ("hpu", torch.bfloat16) if preset else (POLICY, lower)
     a, b = _tensor(shapes[0], da, seed), _tensor(shapes[1], db, seed + 1)
     full = torch.broadcast_shapes(a.shape, b.shape)
 
@@ -92,11 +99,100 @@ def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, see
         return torch.softmax(a, -1, dtype=db) if a.dim() else torch.softmax(a.reshape(1), -1, dtype=db)
 
     plain = call()
-    with HpuAutocastMode(lower, policy=POLICY):
+    with HpuAutocastMode(lower, policy=policy):
         ours = call()
     assert ours.dtype == plain.dtype and torch.equal(ours, plain)
 
 
+# --- the hpu preset's elementwise-friendly ops ----------------------------------------------
+# Seed 000's list for each (FP32 and lower win over promote: mul is LOWER, exp/div/pow FP32).
+HPU_OPS = {
+    "mul": (CastPolicy.LOWER, 2, torch.mul),
+    "leaky_relu": (CastPolicy.LOWER, 1, lambda a: F.leaky_relu(a, 0.1)),
+    "softmax": (CastPolicy.LOWER, 1, lambda a: torch.softmax(a, -1)),
+    "mean": (CastPolicy.LOWER, 1, torch.mean),
+    "exp": (CastPolicy.FP32, 1, torch.exp),
+    "rsqrt": (CastPolicy.FP32, 1, torch.rsqrt),
+    "tan": (CastPolicy.FP32, 1, torch.tan),
+    "reciprocal": (CastPolicy.FP32, 1, torch.reciprocal),
+    "atan2": (CastPolicy.FP32, 2, torch.atan2),
+    "div": (CastPolicy.FP32, 2, torch.div),
+    "pow": (CastPolicy.FP32, 2, torch.pow),
+    "add": (CastPolicy.PROMOTE, 2, torch.add),
+    "sub": (CastPolicy.PROMOTE, 2, torch.sub),
+    "addcmul": (CastPolicy.PROMOTE, 3, lambda a, b, c: torch.addcmul(a, b, c, value=0.5)),
+    "cat": (CastPolicy.PROMOTE, 2, lambda a, b: torch.cat([a, b.expand_as(a)])),
+    "stack": (CastPolicy.PROMOTE, 2, lambda a, b: torch.stack([a, b.expand_as(a)])),
+}
+
+
+def _outcome(fn, tensors):
+    """The call's result, or the type of the error it raises (torch refuses some dtypes with
+    or without a mode: integer softmax, bool subtraction, integers to negative powers)."""
+    try:
+        return fn(*tensors)
+    except (RuntimeError, TypeError) as e:
+        return type(e)
+
+
+def _same(out, control) -> bool:
+    if not isinstance(out, torch.Tensor) or not isinstance(control, torch.Tensor):
+        return out is control
+    if out.dtype != control.dtype or out.shape != control.shape:
+        return False
+    # exp/rsqrt/pow give inf and NaN on some inputs: equal bit for bit, NaN where NaN.
+    return torch.equal(out, control) or (out.is_floating_point() and bool(
+        torch.all((out == control) | (out.isnan() & control.isnan()))))
+
+
+@pytest.mark.parametrize("name", sorted(HPU_OPS))
+@settings(max_examples=40, deadline=None)
+@given(shapes=broadcastable_shapes(), dtypes=st.lists(st.sampled_from(DTYPES), min_size=3, max_size=3),
+       seed=st.integers(0, 2**16))
+def test_hpu_preset_op_follows_its_seed_list(name, shapes, dtypes, seed):
+    action, arity, fn = HPU_OPS[name]
+    tensors = [_tensor(shapes[i % 2], dtypes[i], seed + i) for i in range(arity)]
+    with HpuAutocastMode():
+        out = _outcome(fn, tensors)
+    # The hand-cast control: each eligible input cast to the rule's dtype, no mode.
+    eligible = [t.dtype for t in tensors if is_eligible(t)]
+    target = compute_dtype(action, eligible, torch.bfloat16) if eligible else None
+    control = _outcome(fn, [t.to(target) if target is not None and is_eligible(t) else t for t in tensors])
+    assert _same(out, control), (out, control)
+    if not eligible:
+        # Nothing eligible (integers, bool, float64 only): exactly the call with no mode.
+        assert _same(out, _outcome(fn, tensors))
+    elif isinstance(out, torch.Tensor) and torch.float64 not in dtypes[:arity]:
+        # The statements of seed 000's three registrations, in dtypes.
+        expected = {CastPolicy.LOWER: torch.bfloat16, CastPolicy.FP32: torch.float32}.get(
+            action, functools.reduce(torch.promote_types, eligible))
+        assert out.dtype == expected
+
+
+def _iadd(a, b):
+    a += b
+    return a
+
+
+@settings(max_examples=80, deadline=None)
+@given(shapes=broadcastable_shapes(), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**16))
+def test_hpu_iadd_keeps_its_first_input_dtype(shapes, da, db, seed):
+    # Seed 000 lists iadd under promote; an in-place op cannot change its self's dtype, so the
+    # other operand is cast to self's dtype (CastPolicy.FIRST) when both are eligible.
+    full = torch.broadcast_shapes(*shapes)
+    a, b = _tensor(full, da, seed), _tensor(shapes[1], db, seed + 1)
+    with HpuAutocastMode():
+        out = _outcome(_iadd, [a.clone(), b])
+    eligible = [t.dtype for t in (a, b) if is_eligible(t)]
+    target = compute_dtype(CastPolicy.FIRST, eligible, torch.bfloat16) if eligible else None
+    control = _outcome(_iadd, [a.clone(), b.to(target) if target is not None and is_eligible(b) else b])
+    assert _same(out, control), (out, control)
+    if isinstance(out, torch.Tensor):
+        assert out.dtype == da
+
+
+@FAST
 @given(dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), max_size=4),
        lower=st.sampled_from(LOWER_DTYPES))
 def test_compute_dtype(dtypes, lower):
@@ -105,6 +201,18 @@ def test_compute_dtype(dtypes, lower):
     widest = functools.reduce(torch.promote_types, dtypes) if dtypes else None
     assert compute_dtype(CastPolicy.PROMOTE, dtypes, lower) == widest
     assert compute_dtype(CastPolicy.FIRST, dtypes, lower) == (dtypes[0] if dtypes else None)
+
+
+@FAST
+@given(args=st.lists(st.sampled_from(["t", 1, 2.5, None, "dtype"]), max_size=4),
+       kw=st.dictionaries(st.sampled_from(["dim", "dtype", "out", "alpha"]), st.sampled_from(["t", 1, "dtype"]),
+                          max_size=3))
+def test_has_explicit_dtype(args, kw):
+    def make(v):
+        return torch.zeros(1) if v == "t" else torch.float32 if v == "dtype" else v
+
+    expected = "dtype" in args or "dtype" in kw.values()
+    assert has_explicit_dtype(tuple(map(make, args)), {k: make(v) for k, v in kw.items()}) is expected
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -246,22 +246,18 @@ class _DispatchMode(TorchDispatchMode):
         return _run(engine, region, rule, func, args, kwargs, "dispatch", None)
 
 
-def _call_unobserved(engine: Engine, func, args: tuple, kwargs: dict):
-    """Run a call handled at the function level with our dispatch mode off the stack.
+def _pop_ours(engine: Engine):
+    """Pop our dispatch mode off torch's stack if it is on top; return it (or ``None``).
 
-    Its insides must run as they would with no mode at all: the mere presence of a Python
-    dispatch mode changes some kernels' paths (``isTensorSubclassLike`` is true, so
-    ``linalg_svdvals`` computes U and V and rounds differently), and skipping the mode for
-    the insides also saves a Python round trip per inner op. If another mode was pushed
-    above ours (a tracer, a FLOP counter), ours stays and is merely suppressed."""
+    A call handled at the function level, its casts included, must run as it would with no
+    mode at all: the mere presence of a Python dispatch mode changes some kernels' paths
+    (``isTensorSubclassLike`` is true, so ``linalg_svdvals`` computes U and V and rounds
+    differently), and skipping the mode saves a Python round trip per cast and inner op. If
+    another mode was pushed above ours (a tracer, a FLOP counter), ours stays, suppressed."""
     n = _C._len_torch_dispatch_stack()
-    if n == 0 or _C._get_dispatch_stack_at(n - 1) is not engine.dispatch_mode:
-        return func(*args, **kwargs)
-    mode = _C._pop_torch_dispatch_stack(None)
-    try:
-        return func(*args, **kwargs)
-    finally:
-        _C._push_on_torch_dispatch_stack(mode)
+    if n and _C._get_dispatch_stack_at(n - 1) is engine.dispatch_mode:
+        return _C._pop_torch_dispatch_stack(None)
+    return None
 
 
 def _run(engine: Engine, region: Region, rule: OpRule, func, args: tuple, kwargs: dict, level: str,
@@ -270,6 +266,7 @@ def _run(engine: Engine, region: Region, rule: OpRule, func, args: tuple, kwargs
     if rule.banned is not None:
         raise RuntimeError(f"{rule.name}: {rule.banned}")
     above = level == "function"
+    popped = _pop_ours(engine) if above else None
     engine.suppress += 1
     try:
         cast = engine.cast_args(rule, args, kwargs, region, above, positions)
@@ -280,9 +277,11 @@ def _run(engine: Engine, region: Region, rule: OpRule, func, args: tuple, kwargs
         new_args, new_kwargs, target, casts = cast
         if region.observer is not None:
             _observe(region, level, rule, func, str(rule.action), args, kwargs, target)
-        out = _call_unobserved(engine, func, new_args, new_kwargs) if above else func(*new_args, **new_kwargs)
+        out = func(*new_args, **new_kwargs)
     finally:
         engine.suppress -= 1
+        if popped is not None:
+            _C._push_on_torch_dispatch_stack(popped)
     if not above and casts and torch.is_grad_enabled():
         _queue_bridge(engine, args, kwargs, out, casts, target)
     return out

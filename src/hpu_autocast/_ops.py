@@ -141,3 +141,4 @@ def has_kernel(op: OpOverload, key: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
     except RuntimeError:
         return False
+

@@ -1,0 +1,80 @@
+"""DistributedDataParallel under the mode: two gloo processes on 127.0.0.1, each training on
+half the batch, end with the same parameters, matching a single process on the full batch.
+
+The same code runs on Gaudi with ``backend="hccl"`` (after ``import
+habana_frameworks.torch.distributed.hccl``) and on CUDA with ``backend="nccl"``; see
+docs/migration.md."""
+
+import datetime
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from hpu_autocast import HpuAutocastMode
+
+STEPS, BATCH, TIMEOUT_S = 4, 8, 120
+
+
+def model_and_data():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+    xs, ys = torch.randn(STEPS, BATCH, 6), torch.randn(STEPS, BATCH, 3)
+    return model, xs, ys
+
+
+def train(model, xs, ys):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in zip(xs, ys):
+        with HpuAutocastMode(torch.bfloat16):
+            loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()  # DDP all-reduces (averages) the float32 gradients here
+        opt.step()
+    return loss
+
+
+def _worker(rank, world, port, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        model, xs, ys = model_and_data()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        half = BATCH // world
+        loss = train(ddp, xs[:, rank * half:(rank + 1) * half], ys[:, rank * half:(rank + 1) * half])
+        torch.save({"params": [p.detach() for p in model.parameters()], "loss dtype": loss.dtype},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_ranks_match_each_other_and_one_process(tmp_path):
+    context = mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.terminate()
+            pytest.fail(f"DDP run did not finish within {TIMEOUT_S} s (hung in init or all-reduce?)")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["loss dtype"] is torch.float32  # mse_loss is on the hpu preset's fp32 list
+    for a, b in zip(r0["params"], r1["params"]):
+        assert torch.equal(a, b)  # DDP keeps the replicas identical
+    model, xs, ys = model_and_data()
+    train(model, xs, ys)
+    # Not bit for bit: each rank's bf16 matmuls sum half the batch, then the halves are
+    # averaged in float32; one process sums the whole batch in one bf16 matmul.
+    for a, b in zip(r0["params"], model.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=2e-2, atol=2e-3)
