@@ -205,6 +205,33 @@ def test_cast_cache_changes_shared_weight_grads():
     assert any(differences(g, h) for g, h in zip(with_cache, without))
 
 
+def _steps_in_one_region(model: nn.Module, x, region, steps: int = 3):
+    # Backward and the optimizer step inside the region: the weights change in place while
+    # the region, and its cast cache, lives on.
+    labels = torch.arange(x.shape[0]) % CLASSES
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    outs = []
+    with region:
+        for _ in range(steps):
+            out = model(x)
+            F.cross_entropy(out, labels).backward()
+            opt.step()
+            opt.zero_grad()
+            outs.append(out.detach())
+    return outs
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_several_steps_in_one_region_match_native(dtype):
+    ours, native, x = _pair("mlp_layernorm")
+    a = _steps_in_one_region(ours, x, HpuAutocastMode(dtype, policy="torch-cpu"))
+    b = _steps_in_one_region(native, x, torch.autocast("cpu", dtype=dtype))
+    assert not differences(a, b), differences(a, b)
+    assert differences(b[0], b[1])  # the steps did change the model
+    for (n, p), q in zip(ours.named_parameters(), native.parameters()):
+        assert not differences(p.detach(), q.detach()), f"{n} after the steps"
+
+
 # --- LSTM ----------------------------------------------------------------------------------------
 # nn.LSTM calls aten::lstm. Under oneDNN (the default on CPU) that runs aten::mkldnn_rnn_layer,
 # which native autocast lowers and which fails on CPUs without a bf16/fp16 oneDNN LSTM primitive

@@ -163,8 +163,8 @@ def test_public_table_covers_every_packet():
 
 def test_exclusions_are_few_and_real():
     # Each exclusion names a packet of the preset, and they stay the exception.
-    assert NO_PUBLIC <= set(PACKETS) and NATIVE_RAISES <= set(PACKETS)
-    assert len(NO_PUBLIC) <= 2 and len(NATIVE_RAISES) <= 2
+    assert NO_PUBLIC <= set(PACKETS) and NATIVE_RAISES <= set(PACKETS) and set(PUBLIC_KWARGS) <= set(PACKETS)
+    assert len(NO_PUBLIC) <= 2 and len(NATIVE_RAISES) <= 2 and len(PUBLIC_KWARGS) <= 2
 
 
 def test_the_comparison_catches_a_wrong_policy():
@@ -250,6 +250,39 @@ def test_backward_matches_native(level, op, dtype):
     assert err == ref_err, f"{label}: native raised {ref_err}, ours {err}"
     diff = differences(out, ref)
     assert not diff, f"{label}: ours differs from native autocast:\n" + "\n".join(diff)
+
+
+# --- keyword calls -------------------------------------------------------------------------------
+# Tensors passed by keyword (a list of them for cat/stack), at both levels, mixed dtypes.
+
+def _keyword_calls(dtype):
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    low = lambda *shape: r(*shape).to(dtype)  # noqa: E731
+    return {
+        "cat": (torch.cat, dict(tensors=[low(2, 3), r(1, 3)], dim=0)),
+        "aten.cat": (torch.ops.aten.cat.default, dict(tensors=[low(2, 3), r(1, 3)])),
+        "stack": (torch.stack, dict(tensors=[low(2, 3), r(2, 3)])),
+        "aten.stack": (torch.ops.aten.stack.default, dict(tensors=[low(2, 3), r(2, 3)], dim=1)),
+        "index_copy": (torch.index_copy, dict(input=low(4, 3), dim=0, index=torch.tensor([0, 2]), source=r(2, 3))),
+        "aten.index_copy": (torch.ops.aten.index_copy.default,
+                            dict(self=low(4, 3), dim=0, index=torch.tensor([0, 2]), source=r(2, 3))),
+        "mm": (torch.mm, dict(input=r(2, 4), mat2=low(4, 3))),
+        "aten.mm": (torch.ops.aten.mm.default, dict(self=r(2, 4), mat2=low(4, 3))),
+        "linear": (torch.nn.functional.linear, dict(input=low(2, 4), weight=r(3, 4), bias=r(3))),
+        "conv2d": (torch.nn.functional.conv2d, dict(input=r(1, 2, 4, 4), weight=low(3, 2, 2, 2), bias=r(3))),
+        "mse_loss": (torch.nn.functional.mse_loss, dict(input=low(3, 4), target=r(3, 4))),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_keyword_calls(torch.bfloat16)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_keyword_call_matches_native(dtype, name):
+    fn, kwargs = _keyword_calls(dtype)[name]
+    _compare(fn, (), kwargs, dtype, name)
 
 
 # --- promote with the other lower-precision dtype --------------------------------------------------
