@@ -473,13 +473,6 @@ def test_reverse_division_is_reciprocal_then_mul():
     assert _equal(ours, PB.float().reciprocal().to(BF) * 1)
 
 
-_OLDER_PATH_INPLACE = pytest.mark.xfail(OLDER_TORCH_PATH, strict=True, raises=AssertionError, reason=(
-    "engine bug, older-torch path only: _table._function_table's fallback registers F wrappers "
-    "by name (F.leaky_relu -> leaky_relu, F.dropout/dropout1d/2d -> dropout/feature_dropout, "
-    "LOWER) and casts at the wrapper without looking at inplace=True, so the wrapper's "
-    "leaky_relu_/dropout_ writes into a bfloat16 copy: the caller's tensor is left unmodified "
-    "and a new bfloat16 tensor is returned. In-place calls are not eligible (seeds 002/003)."))
-
 INPLACE_WRAPPERS = {
     "F.leaky_relu(inplace=True)": lambda x: F.leaky_relu(x, 0.1, inplace=True),
     "nn.LeakyReLU(inplace=True)": lambda x: nn.LeakyReLU(0.1, inplace=True)(x),
@@ -490,8 +483,7 @@ INPLACE_WRAPPERS = {
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "F.leaky_relu_" else [_OLDER_PATH_INPLACE])
-                                  for n in sorted(INPLACE_WRAPPERS)])
+@pytest.mark.parametrize("name", sorted(INPLACE_WRAPPERS))
 def test_inplace_wrapper_writes_into_its_input(name):
     # Python wrappers of listed ops with inplace=True call the in-place op: not eligible, and the
     # caller's tensor is the one written.
@@ -568,8 +560,7 @@ def _ineligible_cases():
 INELIGIBLE = _ineligible_cases()
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[_OLDER_PATH_INPLACE] if "(inplace)" in c else [])
-                                  for c in sorted(INELIGIBLE)])
+@pytest.mark.parametrize("case", sorted(INELIGIBLE))
 def test_ineligible_call_is_untouched(case):
     fn, dtype = INELIGIBLE[case]
     torch.manual_seed(0)

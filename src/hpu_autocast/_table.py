@@ -87,6 +87,8 @@ class FuncRule:
 
     def select(self, args: tuple, kwargs: dict):
         """The ``OpRule`` this call is, ``None`` when the policy leaves it alone, or ``DEFER``."""
+        if self.positions is not None and self._inplace(args, kwargs):
+            return None  # F.dropout(x, inplace=True) writes x: an in-place call is not eligible
         if kwargs.get("out") is not None:
             if not self.out_rules:
                 return None
@@ -94,6 +96,12 @@ class FuncRule:
         if self.uniform is not None:
             return self.uniform
         return self._resolve(args, kwargs, self.by_overload)
+
+    def _inplace(self, args: tuple, kwargs: dict) -> bool:
+        i = self.positions.get("inplace")
+        if i is None:
+            return False
+        return bool(kwargs.get("inplace", args[i] if i < len(args) else False))
 
     def _resolve(self, args: tuple, kwargs: dict, rules: Dict[str, OpRule]):
         try:
