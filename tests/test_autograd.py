@@ -3,7 +3,8 @@ with backward outside or inside the region, double backward, ``torch.autograd.gr
 
 The oracle is native ``torch.autocast("cpu")`` on the same policy (``torch-cpu``). Each test runs
 both the function-level path (``torch.mm``: cast above autograd) and the dispatch-level path
-(``torch.ops.aten.mm.default``: cast below autograd, saved tensors recast by the bridge)."""
+(``torch.einsum``, a composite with no rule of its own whose inner ``bmm`` is cast below
+autograd, saved tensors recast by the bridge)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from hpu_autocast import HpuAutocastMode
 
-MM = {"function": torch.mm, "dispatch": torch.ops.aten.mm.default}
+MM = {"function": torch.mm, "dispatch": lambda x, w: torch.einsum("ij,jk->ik", x, w)}
 LEVELS = sorted(MM)
 
 
@@ -72,7 +73,15 @@ def test_autograd_grad(level):
     _equal(*_both(run))
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", [
+    "function",
+    # Native autocast's weight copy is one autograd node; in double backward both paths to the
+    # weight (the saved copy inside the first-order graph, and the forward's own use) sum their
+    # gradients at that node in bfloat16 before ToCopyBackward. A dispatch-level cast has no
+    # such node (a saved tensor's unpacked value keeps the original's autograd edge), so ours
+    # sums them in float32: more exact, not the same bits. docs/design.md, "Limitations".
+    pytest.param("dispatch", marks=pytest.mark.xfail(strict=True, reason="second-order gradients sum in float32")),
+])
 def test_double_backward(level):
     def run(region, x, w):
         with region:
@@ -392,3 +401,37 @@ def test_dispatch_level_casts_under_hpu_against_a_hand_cast_control(name):
     for a, b in zip(ours, control):
         assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
     assert ours[1].dtype == torch.float32
+
+
+# A kernel whose backward returns float32 gradients for low-precision inputs, as oneDNN's
+# mkldnn_rnn_layer_backward does on CPUs without AMX (nn.LSTM under torch-cpu on AMD EPYC).
+# Native autocast rounds such a gradient through the copy's dtype: autograd casts it to the
+# dtype of the input the node saw, then ToCopyBackward casts it to float32. The bridge must
+# give the same bits for a node whose input it did not see cast.
+torch.library.define("hpu_autocast_test::scale_f32_grad", "(Tensor x) -> Tensor")
+
+
+@torch.library.impl("hpu_autocast_test::scale_f32_grad", "CompositeExplicitAutograd")
+def _scale_f32_grad(x):
+    return x * 2
+
+
+def _scale_f32_grad_backward(ctx, grad):
+    return grad.float() * 1.1  # float32, and not representable in bfloat16
+
+
+torch.library.register_autograd("hpu_autocast_test::scale_f32_grad", _scale_f32_grad_backward)
+
+
+def test_bridge_rounds_a_float32_gradient_through_the_cast_dtype():
+    from hpu_autocast import _bridge
+
+    op = torch.ops.hpu_autocast_test.scale_f32_grad.default
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    out = op(x)  # what autograd recorded: the node's input is the float32 x
+    _bridge.attach([((out,), {id(x): (x, torch.bfloat16)})])
+    (ours,) = torch.autograd.grad(out.sum(), x)
+    (control,) = torch.autograd.grad(op(x.bfloat16()).float().sum(), x)
+    assert ours.dtype == control.dtype == torch.float32
+    assert torch.equal(ours, control)
+    assert not torch.equal(ours, torch.full_like(x, 1.1))  # the rounding is visible

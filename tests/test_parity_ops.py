@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from _parity import ATEN, VARIANTS, aten_call, differences, run, run_with_grad
 from _samples import SAMPLES, build
@@ -51,6 +51,21 @@ NATIVE_RAISES = {
     # a primitive descriptor for the LSTM forward propagation primitive").
     "mkldnn_rnn_layer",
 }
+
+
+#: Outputs that are scratch memory, not values, by packet: compared by dtype and shape only.
+#: oneDNN's LSTM workspace holds uninitialized padding, so native autocast differs from itself
+#: run to run (seen on CPUs with AVX512-BF16, where the bf16 primitive exists).
+SCRATCH_OUTPUTS = {"mkldnn_rnn_layer": 3}
+
+
+def _blank_scratch(label: str, result: object) -> object:
+    i = SCRATCH_OUTPUTS.get(label.split(".")[0])
+    if i is None or result is None:
+        return result
+    flat, spec = tree_flatten(result)
+    flat[i] = torch.zeros_like(flat[i])
+    return tree_unflatten(flat, spec)
 
 
 #: Keyword arguments added to a public sample of ``tests/_samples.py``, each with its reason.
@@ -118,7 +133,7 @@ def _compare(fn, args, kwargs, dtype, label, observer=None):
         assert label.split(".")[0] in NATIVE_RAISES or run(fn, args, kwargs)[1] is ref_err, (
             f"{label}: native autocast raised {ref_err.__name__}, a plain call does not")
         return
-    diff = differences(out, ref)
+    diff = differences(_blank_scratch(label, out), _blank_scratch(label, ref))
     assert not diff, f"{label}: ours differs from native autocast:\n" + "\n".join(diff)
 
 
@@ -248,7 +263,7 @@ def test_backward_matches_native(level, op, dtype):
     # Native raises for inputs it cannot differentiate (a loss's target), for ops without a
     # derivative (geqrf) and for oneDNN's LSTM layer: ours must raise the same.
     assert err == ref_err, f"{label}: native raised {ref_err}, ours {err}"
-    diff = differences(out, ref)
+    diff = differences(_blank_scratch(label, out), _blank_scratch(label, ref))
     assert not diff, f"{label}: ours differs from native autocast:\n" + "\n".join(diff)
 
 

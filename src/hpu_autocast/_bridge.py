@@ -8,8 +8,12 @@ node is attached to the op's outputs (autograd does that after the dispatch mode
 the engine queues the op and registers at its next call or at region exit), each saved
 tensor that the op saw as a cast copy gets saved-tensor hooks whose unpack casts it again.
 The node's backward then computes in the dtype its forward computed in, as under native
-autocast; the engine casts each input gradient back to its input's dtype, as native
-autocast's ``ToCopyBackward`` does. Casting at unpack (rather than keeping the copy) keeps
+autocast. Native autocast also rounds each input gradient through the copy's dtype: autograd
+casts the node's gradient to the dtype of the input it saw (the bfloat16 copy), then
+``ToCopyBackward`` casts it to float32. Some kernels return float32 gradients for bfloat16
+inputs (oneDNN's ``mkldnn_rnn_layer_backward`` on CPUs without AMX), so a post-hook on the
+node makes that round trip for each cast input; where the kernel already returned the low
+dtype the round trip is exact. Casting at unpack (rather than keeping the copy) keeps
 memory at what autograd saves anyway and, under ``create_graph=True``, records the cast so
 double backward reaches the original.
 """
@@ -52,6 +56,30 @@ def _unpacker(dtype: torch.dtype):
     return fn
 
 
+def _input_positions(node, subs: Dict[int, Tuple[torch.Tensor, torch.dtype]]) -> List[Tuple[int, torch.dtype]]:
+    """``(index into the node's gradients, cast dtype)`` for each input of ``node`` that was cast."""
+    found = []
+    for i, (fn, nr) in enumerate(node.next_functions):
+        if fn is None:
+            continue
+        for orig, dtype in subs.values():
+            if orig.grad_fn is fn and orig.output_nr == nr if orig.grad_fn is not None else (
+                    getattr(fn, "variable", None) is orig):
+                if dtype != orig.dtype:
+                    found.append((i, dtype))
+                break
+    return found
+
+
+def _round_grads(positions: List[Tuple[int, torch.dtype]], grad_inputs: tuple, grad_outputs: tuple) -> tuple:
+    grads = list(grad_inputs)
+    for i, dtype in positions:
+        g = grads[i]
+        if g is not None and g.dtype != dtype:
+            grads[i] = g.to(dtype).to(g.dtype)
+    return tuple(grads)
+
+
 def attach(pending: List[Pending]) -> None:
     """Register the bridge hooks for every queued op whose autograd node now exists."""
     for outputs, subs in pending:
@@ -62,10 +90,14 @@ def attach(pending: List[Pending]) -> None:
                 break
         if node is None:
             continue
+        positions = _input_positions(node, subs)
+        if positions:
+            node.register_hook(functools.partial(_round_grads, positions))
         for name in _saved_names(type(node)):
             try:
                 value = getattr(node, "_saved_" + name)
-            except RuntimeError:
+            except (RuntimeError, AttributeError):
+                # Freed, or a Python node (autograd.Function) whose ctx holds its own tensors.
                 continue
             if isinstance(value, torch.Tensor):
                 pairs = ((value, getattr(node, "_raw_saved_" + name)),)
