@@ -1,6 +1,6 @@
 """A few training steps of a small transformer classifier under HpuAutocastMode on the default
-device (HPU when habana_frameworks is installed, else CUDA, else CPU), then the precision report:
-what ran in which dtype.
+device (HPU when habana_frameworks is installed and a Gaudi is present, else CUDA, else CPU),
+then the precision report: what ran in which dtype.
 
     python examples/demo.py [--steps N] [--policy hpu|torch-cpu|...]
 """
@@ -15,14 +15,6 @@ import torch.nn.functional as F
 
 import hpu_autocast
 from hpu_autocast import HpuAutocastMode
-
-
-def default_device() -> torch.device:
-    if hpu_autocast.hpu.hpu_importable():
-        import habana_frameworks.torch.core  # noqa: F401  (registers the "hpu" device)
-
-        return torch.device("hpu")
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class TinyClassifier(nn.Module):
@@ -45,7 +37,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
-    device = default_device()
+    device = torch.device(hpu_autocast.hpu.default_device())
     model = TinyClassifier().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     tokens = torch.randint(0, 50, (16, 12), device=device)
@@ -56,7 +48,9 @@ def main(argv=None) -> None:
         with HpuAutocastMode(torch.bfloat16, policy=args.policy, observer=recorder):
             loss = F.cross_entropy(model(tokens), labels)
         loss.backward()  # outside the region, as with torch.autocast
+        hpu_autocast.hpu.mark_step()  # Gaudi lazy mode: run the graph so far (no-op elsewhere)
         optimizer.step()
+        hpu_autocast.hpu.mark_step()
         optimizer.zero_grad(set_to_none=True)
         print(f"step {step}: loss {loss.item():.4f} ({loss.dtype})")
 

@@ -1,19 +1,37 @@
-"""Gaudi (HPU) detection, without importing ``habana_frameworks`` unless it is there.
+"""Gaudi (HPU) glue, without importing ``habana_frameworks`` unless it is there.
 
-``habana_frameworks.torch`` is not on the package registries, so it is never a dependency:
-everything here degrades to "no HPU" when it is absent.
+``habana_frameworks.torch`` (Intel Gaudi's PyTorch bridge) is not on the package registries, so it
+is never a dependency: everything here degrades to "no HPU" when it is absent. Detection uses
+``importlib.util.find_spec`` and ``sys.modules``; the bridge is imported only by the functions
+that exist to use it (``default_device``, ``wrap_in_hpu_graph``), never by ``HpuAutocastMode``.
+
+The Gaudi names used here, as documented at docs.habana.ai:
+
+* ``habana_frameworks.torch.core``: importing it loads the bridge and registers ``torch.hpu``;
+  ``core.mark_step(device_str="", sync=False)`` flushes the ops accumulated in lazy mode.
+* ``habana_frameworks.torch.hpu``: ``is_available()``, and ``wrap_in_hpu_graph(module, ...)``
+  (defined in ``habana_frameworks.torch.hpu.graphs``), which captures ``module.forward`` in an
+  HPU graph on its first call and replays it afterwards.
+* ``habana_frameworks.torch.utils.internal.is_lazy()``: lazy vs eager execution, from the
+  ``PT_HPU_LAZY_MODE`` variable (read before the bridge loads).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 import sys
+import warnings
 
 import torch
 
-__all__ = ["backend_loaded", "hpu_importable", "default_cache_enabled", "check_dtype"]
+__all__ = ["backend_loaded", "hpu_importable", "default_cache_enabled", "check_dtype",
+           "default_device", "lazy_mode", "mark_step", "wrap_in_hpu_graph"]
 
 _MODULE = "habana_frameworks.torch"
+_MISSING = ("the Intel Gaudi PyTorch bridge (habana_frameworks.torch) is not installed; it ships "
+            "with the Intel Gaudi software stack, not on PyPI")
 
 
 def backend_loaded() -> bool:
@@ -40,3 +58,67 @@ def check_dtype(dtype: torch.dtype) -> None:
     """On HPU, float16 is not supported (seed 000)."""
     if backend_loaded() and dtype == torch.float16:
         raise ValueError("dtype=float16 is not supported on HPU; use dtype=torch.bfloat16")
+
+
+def default_device() -> str:
+    """``"hpu"`` when the Gaudi bridge imports and ``torch.hpu.is_available()``, else ``"cuda"``
+    when available, else ``"cpu"``.
+
+    Asking for the device is asking for the bridge: this imports ``habana_frameworks.torch.core``
+    when it is importable (that import registers ``torch.hpu``). A bridge that is installed but
+    fails to import warns and falls back.
+    """
+    if hpu_importable():
+        try:
+            importlib.import_module(_MODULE + ".core")
+        except ImportError as e:
+            warnings.warn(f"hpu_autocast: habana_frameworks is installed but did not import ({e}); "
+                          "not using HPU", RuntimeWarning, stacklevel=2)
+        else:
+            hpu = getattr(torch, "hpu", None) or importlib.import_module(_MODULE + ".hpu")
+            if hpu.is_available():
+                return "hpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def lazy_mode() -> bool:
+    """True when the loaded Gaudi bridge runs in lazy mode (ops accumulate until ``mark_step``).
+
+    False when no bridge is loaded. The bridge's own
+    ``habana_frameworks.torch.utils.internal.is_lazy()`` is asked when it has one; otherwise
+    ``PT_HPU_LAZY_MODE`` is read with the default of the stacks that lack it, lazy (``1``).
+    Newer stacks default to eager (``0``), which is why the bridge is asked first.
+    """
+    if not backend_loaded():
+        return False
+    try:
+        from habana_frameworks.torch.utils.internal import is_lazy
+    except ImportError:
+        return os.environ.get("PT_HPU_LAZY_MODE", "1") != "0"
+    return bool(is_lazy())
+
+
+def mark_step(*args, **kwargs) -> None:
+    """``habana_frameworks.torch.core.mark_step(*args, **kwargs)`` when the bridge is loaded, else
+    nothing, so a training loop can call it on every device.
+
+    In lazy mode, call it after ``loss.backward()`` and after ``optimizer.step()``, as Gaudi's
+    guides do. ``HpuAutocastMode`` itself never calls it and never reads a tensor's value, so the
+    graph boundaries are the ones the script sets.
+    """
+    if backend_loaded():
+        importlib.import_module(_MODULE + ".core").mark_step(*args, **kwargs)
+
+
+def wrap_in_hpu_graph(module: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
+    """``habana_frameworks.torch.hpu.wrap_in_hpu_graph(module, *args, **kwargs)``.
+
+    The graph is captured on the first call (per input shapes) and replayed afterwards without
+    running Python, so the casts of an ``HpuAutocastMode`` active at capture are part of the
+    graph: call the wrapped module inside the same kind of region every time.
+
+    Raises ``ModuleNotFoundError`` naming ``habana_frameworks.torch`` when it is not installed.
+    """
+    if not hpu_importable():
+        raise ModuleNotFoundError(f"hpu_autocast.hpu.wrap_in_hpu_graph: {_MISSING}", name=_MODULE)
+    return importlib.import_module(_MODULE + ".hpu").wrap_in_hpu_graph(module, *args, **kwargs)

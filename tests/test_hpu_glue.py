@@ -1,0 +1,281 @@
+"""The Gaudi (HPU) glue, tested against a stand-in bridge (``_fake_habana``) since no Gaudi is
+reachable here: detection, cache off, bfloat16 only, lazy mode (``mark_step``, no host
+synchronisation added by the mode), ``wrap_in_hpu_graph`` capture/replay, and how everything
+degrades without the bridge. Tensors stay on the CPU: what is tested is the glue, not Gaudi."""
+
+import contextlib
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import _fake_habana
+from hpu_autocast import HpuAutocastMode, hpu
+
+aten = torch.ops.aten
+NOT_HPU = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def gaudi(monkeypatch):
+    """The stand-in bridge, loaded (as after ``import habana_frameworks.torch.core``)."""
+    return _fake_habana.install(monkeypatch)
+
+
+@pytest.fixture
+def no_gaudi():
+    if hpu.hpu_importable():
+        pytest.skip("a real habana_frameworks is installed here")
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.LayerNorm(16),
+                               torch.nn.Linear(16, 4))
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(32, 8, generator=g), torch.randint(0, 4, (32,), generator=g)
+
+
+def train(steps=3, **mode_kwargs):
+    """A lazy-mode style loop: forward in the region, ``mark_step`` after backward and after the
+    optimizer step, as Gaudi's guides place it."""
+    model, (x, y) = mlp(), data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        with HpuAutocastMode(**mode_kwargs):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        hpu.mark_step()
+        opt.step()
+        hpu.mark_step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return losses
+
+
+# -- detection, cache, dtype --------------------------------------------------------------
+
+def test_detected_with_the_bridge(gaudi):
+    assert hpu.backend_loaded() and hpu.hpu_importable()
+    assert hpu.default_device() == "hpu"
+    gaudi.available = False  # bridge installed, no card: torch.hpu.is_available() is False
+    assert hpu.default_device() == NOT_HPU
+
+
+def test_lazy_mode_asks_the_bridge_then_the_environment(monkeypatch):
+    bridge = _fake_habana.install(monkeypatch)
+    assert hpu.lazy_mode() is True
+    bridge.lazy = False  # habana_frameworks.torch.utils.internal.is_lazy() says eager
+    assert hpu.lazy_mode() is False
+
+    monkeypatch.delitem(sys.modules, "habana_frameworks.torch.utils.internal")
+    monkeypatch.delitem(sys.modules, "habana_frameworks.torch.utils")
+    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
+    assert hpu.lazy_mode() is True  # no is_lazy(): the older stacks' default, lazy
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    assert hpu.lazy_mode() is False
+
+
+def test_cache_is_always_off_on_hpu(gaudi):
+    # Seed 000: "autocast caching is permanently disabled on HPU" (graph mode dedups casts),
+    # so even an explicit cache_enabled=True is overridden.
+    assert HpuAutocastMode().cache_enabled is False
+    assert HpuAutocastMode(cache_enabled=True).cache_enabled is False
+
+    # And the region really does not cache: a weight used twice gets two cast nodes.
+    x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
+    with HpuAutocastMode(cache_enabled=True):
+        a, b = torch.mm(x, w), torch.mm(x, w)
+    assert a.grad_fn.next_functions[1][0] is not b.grad_fn.next_functions[1][0]
+
+
+def test_cache_is_on_off_hpu_for_contrast(no_gaudi):
+    x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
+    with HpuAutocastMode():
+        a, b = torch.mm(x, w), torch.mm(x, w)
+    assert a.grad_fn.next_functions[1][0] is b.grad_fn.next_functions[1][0]  # one cached cast
+
+
+@pytest.mark.parametrize("policy", ["hpu", "torch-cpu"])
+def test_float16_refused_on_hpu_naming_the_accepted_dtype(gaudi, policy):
+    # "hpu" refuses float16 by its own dtypes; "torch-cpu" would accept it elsewhere, but not on HPU.
+    with pytest.raises(ValueError, match=r"float16.*bfloat16"):
+        HpuAutocastMode(torch.float16, policy=policy)
+    HpuAutocastMode(torch.bfloat16, policy=policy)
+    HpuAutocastMode(torch.float16, policy=policy, enabled=False)  # a disabled region checks nothing
+
+
+# -- lazy mode: mark_step, no host synchronisation -------------------------------------------
+
+def test_training_loop_with_mark_step_matches_the_loop_without_the_bridge(monkeypatch):
+    baseline = train()
+    bridge = _fake_habana.install(monkeypatch)
+    losses = train()
+    # Two mark_steps per step, passed through with the bridge's defaults.
+    assert bridge.calls == [("mark_step", "", False)] * 6
+    # Bit for bit: every weight of the MLP is used once per step, so the cast cache being off
+    # on HPU changes no value (it would only merge the casts of a weight used twice).
+    assert [l.item() for l in losses] == [l.item() for l in baseline]
+    assert losses[-1] < losses[0]
+
+
+_SYNC_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.nonzero.default,
+             aten.nonzero_static.default, aten.equal.default, aten.item.default}
+_SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__")
+
+
+class SyncGuard(TorchDispatchMode):
+    """Records what would make the host wait for the device: ATen ops that read a value
+    (``_local_scalar_dense``, ``is_nonzero``, ``nonzero``, ``equal``), copies from a device to the
+    CPU, and the Tensor methods that return host data. On the CPU these cost nothing, so they
+    are counted rather than timed. Entered inside a region, it sits above the library's dispatch mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+        self.ops = set()  # everything that passed, to show the guard saw the step
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops.add(func)
+        if func in _SYNC_OPS:
+            self.seen.append(str(func))
+        elif func is aten._to_copy.default and args[0].device.type != "cpu" \
+                and torch.device(kwargs.get("device", args[0].device)).type == "cpu":
+            self.seen.append("to cpu")  # a device-to-host copy (never, with CPU tensors)
+        return func(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def methods(self):
+        saved = {n: torch.Tensor.__dict__.get(n) for n in _SYNC_METHODS}
+
+        def recording(name, orig):
+            def method(t, *a, **k):
+                self.seen.append(f"Tensor.{name}")
+                return orig(t, *a, **k)
+            return method
+
+        try:
+            for n in _SYNC_METHODS:
+                setattr(torch.Tensor, n, recording(n, getattr(torch.Tensor, n)))
+            yield
+        finally:
+            for n, orig in saved.items():
+                if orig is None:
+                    delattr(torch.Tensor, n)
+                else:
+                    setattr(torch.Tensor, n, orig)
+
+
+def guarded_step(region):
+    model, (x, y) = mlp(), data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = SyncGuard()
+    with guard.methods():
+        with region:
+            with guard:  # inside the region: above the library's modes
+                loss = F.cross_entropy(model(x), y)
+        with guard:
+            loss.backward()
+            hpu.mark_step()
+            opt.step()
+            hpu.mark_step()
+    return guard
+
+
+def test_the_guard_sees_host_synchronisation():
+    x = torch.randn(3)
+    guard = SyncGuard()
+    with guard.methods(), HpuAutocastMode(), guard:
+        x[0].item(), bool(x[0]), x.nonzero(), x.tolist(), x.cpu(), torch.equal(x, x)
+    assert {"Tensor.item", "Tensor.__bool__", "Tensor.tolist", "Tensor.cpu",
+            "aten._local_scalar_dense.default", "aten.nonzero.default",
+            "aten.equal.default"} <= set(guard.seen)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"record": True, "verbose": True}], ids=["plain", "record"])
+def test_the_mode_adds_no_host_synchronisation(gaudi, kwargs):
+    # The same step with and without the mode; whatever the model and optimizer do themselves
+    # is in both (nothing here), and the mode must add nothing, recording or not.
+    without = guarded_step(contextlib.nullcontext())
+    with_mode = guarded_step(HpuAutocastMode(**kwargs))
+    assert with_mode.seen == without.seen == []
+    # The guard did see the step, the mode's casts included (the first Linear in bfloat16).
+    assert {aten.addmm.default, aten.mm.default} <= without.ops
+    assert aten._to_copy.default in with_mode.ops - without.ops
+    assert gaudi.names() == ["mark_step"] * 4
+
+
+# -- HPU graphs ------------------------------------------------------------------------------
+
+def test_wrap_in_hpu_graph_under_the_mode(gaudi):
+    plain = mlp().eval()
+    wrapped = hpu.wrap_in_hpu_graph(copy.deepcopy(plain), disable_tensor_cache=True)
+    x, _ = data()
+    with torch.no_grad(), HpuAutocastMode():
+        outs = [wrapped(x), wrapped(x), wrapped(x[:4])]
+        refs = [plain(x), plain(x), plain(x[:4])]
+    for out, ref in zip(outs, refs):
+        assert out.dtype == torch.bfloat16  # the last Linear is on the lower list
+        assert torch.equal(out, ref)
+    # Captured once per input shape, replayed after; keyword arguments passed through.
+    assert gaudi.calls == [("wrap", "Sequential", dict(asynchronous=False, disable_tensor_cache=True)),
+                           ("capture", 0), ("replay", 0), ("capture", 1)]
+
+
+# -- without the bridge ----------------------------------------------------------------------
+
+def test_without_the_bridge_everything_degrades(no_gaudi):
+    assert not hpu.backend_loaded() and not hpu.lazy_mode()
+    assert hpu.default_device() == NOT_HPU
+    hpu.mark_step()  # nothing to flush, nothing raised
+    assert HpuAutocastMode().cache_enabled is True
+    with pytest.raises(ModuleNotFoundError, match=r"habana_frameworks\.torch.*not installed"):
+        hpu.wrap_in_hpu_graph(mlp())
+
+
+_RAISING = 'raise ImportError("stand-in: habana_frameworks must not be imported")\n'
+
+
+def test_installed_but_not_loaded_is_not_imported_by_the_mode(tmp_path, monkeypatch):
+    # A findable habana_frameworks that fails if imported: the mode, mark_step and lazy_mode
+    # must not touch it; default_device, which asks for it, warns and falls back.
+    (tmp_path / "habana_frameworks").mkdir()
+    (tmp_path / "habana_frameworks" / "__init__.py").write_text(_RAISING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert hpu.hpu_importable() and not hpu.backend_loaded()
+    with HpuAutocastMode() as mode:
+        assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == torch.bfloat16
+    assert mode.cache_enabled is True  # not loaded: not on HPU
+    hpu.mark_step()
+    assert hpu.lazy_mode() is False
+    assert "habana_frameworks" not in sys.modules
+    with pytest.warns(RuntimeWarning, match="did not import"):
+        assert hpu.default_device() == NOT_HPU
+
+
+def test_importing_the_library_does_not_import_the_bridge(tmp_path):
+    (tmp_path / "habana_frameworks").mkdir()
+    (tmp_path / "habana_frameworks" / "__init__.py").write_text(_RAISING)
+    code = textwrap.dedent("""
+        import sys, torch, hpu_autocast
+        with hpu_autocast.HpuAutocastMode():
+            torch.mm(torch.randn(2, 2), torch.randn(2, 2))
+        hpu_autocast.hpu.mark_step()
+        assert hpu_autocast.hpu.hpu_importable()
+        assert not [m for m in sys.modules if m.startswith("habana_frameworks")]
+    """)
+    env_path = [str(tmp_path)] + sys.path
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in env_path if p)})
+    assert r.returncode == 0, r.stderr
