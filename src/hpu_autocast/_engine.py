@@ -29,6 +29,7 @@ from .rules import compute_dtype, has_explicit_dtype, is_eligible
 __all__ = ["Region", "Engine", "engine_for_thread", "current_engine"]
 
 _FLOAT32 = torch.float32
+_FLOAT64 = torch.float64
 _Tensor = torch.Tensor
 
 
@@ -63,6 +64,8 @@ class Engine:
 
     # -- region stack -------------------------------------------------------------------
     def push(self, region: Region) -> None:
+        if not _dynamo_prepared:
+            _prepare_dynamo()
         self.regions.append(region)
         self.region = region if region.enabled else None
         if region.enabled and not self.modes_on:
@@ -110,39 +113,25 @@ class Engine:
         if positions is not None and pnames:
             protected = frozenset(positions[n] for n in pnames if n in positions)
         input_only = rule.input_only and rule.casts_input_only(args)
-        # First pass: the eligible inputs' dtypes (PROMOTE and FIRST need them all).
-        dtypes = []
-        # A written argument is never replaced, but under FIRST it still is the first input:
-        # HPU's iadd keeps the dtype of `self` and casts the others to it.
-        first = rule.action is CastPolicy.FIRST
-        for i, a in enumerate(args):
-            if i in protected and not first:
-                continue
-            if type(a) is _Tensor or isinstance(a, _Tensor):
-                if is_eligible(a):
-                    dtypes.append(a.dtype)
-            elif isinstance(a, (list, tuple)):
-                dtypes.extend(t.dtype for t in a if is_eligible(t))
-            if input_only:
-                break
-        # An input-only op called with its input by keyword (torch.layer_norm(input=x, ...)).
+        action = rule.action
         input_key = None
         if input_only and not args:
+            # An input-only op called with its input by keyword (torch.layer_norm(input=x, ...)).
             input_key = next((k for k in ("input", "self") if k in kwargs), None)
-            if input_key is not None and is_eligible(kwargs[input_key]):
-                dtypes.append(kwargs[input_key].dtype)
-        if not input_only:
-            for k, v in kwargs.items():
-                if k not in pnames and is_eligible(v):
-                    dtypes.append(v.dtype)
-        target = compute_dtype(rule.action, dtypes, region.dtype)
-        if target is None:
-            return args, kwargs, None, ()
+        if action is CastPolicy.LOWER:
+            target = region.dtype
+        elif action is CastPolicy.FP32:
+            target = _FLOAT32
+        else:
+            target = self._widest(rule, args, kwargs, protected, pnames, input_only, input_key, region)
+            if target is None:
+                return args, kwargs, None, ()
         casts: list = []
         cache = self.cache if region.cache_enabled and target is region.dtype else None
 
         def cast(t):
-            if not is_eligible(t) or t.dtype is target:
+            dt = t.dtype
+            if dt is target or not t.is_floating_point() or dt is _FLOAT64:
                 return t
             if cache is not None:
                 hit = cache.get(id(t))
@@ -154,7 +143,7 @@ class Engine:
             # and only above autograd, where the copy carries its ToCopyBackward.
             # Under no_grad the copy has no ToCopyBackward: caching it would starve a later
             # use with grad enabled of the weight's gradient.
-            if (cache is not None and above_autograd and t.dtype is _FLOAT32 and t.requires_grad
+            if (cache is not None and above_autograd and dt is _FLOAT32 and t.requires_grad
                     and t.is_leaf and not t._is_view() and torch.is_grad_enabled()):
                 cache[id(t)] = (t, c)
             casts.append((t, c))
@@ -173,11 +162,37 @@ class Engine:
             if input_only:
                 break
         new_kwargs = kwargs
-        if input_key is not None:
+        if input_key is not None and isinstance(kwargs[input_key], _Tensor):
             new_kwargs = {**kwargs, input_key: cast(kwargs[input_key])}
         if kwargs and not input_only:
             new_kwargs = {k: (cast(v) if isinstance(v, _Tensor) and k not in pnames else v) for k, v in kwargs.items()}
         return tuple(new_args), new_kwargs, target, casts
+
+    @staticmethod
+    def _widest(rule: OpRule, args: tuple, kwargs: dict, protected, pnames, input_only: bool,
+                input_key: Optional[str], region: Region) -> Optional[torch.dtype]:
+        """PROMOTE's and FIRST's target: from the dtypes of all the eligible inputs."""
+        dtypes = []
+        # A written argument is never replaced, but under FIRST it still is the first input:
+        # HPU's iadd keeps the dtype of `self` and casts the others to it.
+        first = rule.action is CastPolicy.FIRST
+        for i, a in enumerate(args):
+            if i in protected and not first:
+                continue
+            if type(a) is _Tensor or isinstance(a, _Tensor):
+                if is_eligible(a):
+                    dtypes.append(a.dtype)
+            elif isinstance(a, (list, tuple)):
+                dtypes.extend(t.dtype for t in a if is_eligible(t))
+            if input_only:
+                break
+        if input_key is not None and is_eligible(kwargs[input_key]):
+            dtypes.append(kwargs[input_key].dtype)
+        if not input_only:
+            for k, v in kwargs.items():
+                if k not in pnames and is_eligible(v):
+                    dtypes.append(v.dtype)
+        return compute_dtype(rule.action, dtypes, region.dtype)
 
 
 def _observe(region: Region, level: str, rule: Optional[OpRule], func: Any, reason: str,
@@ -254,6 +269,33 @@ class _DispatchMode(TorchDispatchMode):
                 _observe(region, "dispatch", None, func, "not listed", args, kwargs, None)
             return func(*args, **kwargs)
         return _run(engine, region, rule, func, args, kwargs, "dispatch", None)
+
+
+# [Note: Dynamo and our handlers]
+# Our handlers run with our dispatch mode popped, so if a torch.compile'd function is running
+# (its frame evaluation callback is set) Dynamo would try to compile them, and the Python
+# helpers they call. TorchDispatchMode guards against that by wrapping every subclass's
+# __torch_dispatch__ in torch._dynamo.disable, which costs about 5 us per call. Instead, the
+# handlers' code objects are marked once to be skipped by Dynamo, recursively: the same effect,
+# at no cost per call. Where torch has no such marking (older than 2.6), the wrapper stays.
+_dynamo_prepared = False
+_RAW_DISPATCH = getattr(_DispatchMode.__dict__["__torch_dispatch__"], "__wrapped__",
+                        _DispatchMode.__dict__["__torch_dispatch__"])
+
+
+def _prepare_dynamo() -> None:
+    global _dynamo_prepared
+    _dynamo_prepared = True
+    try:
+        # Importing Dynamo is what the stock wrapper does at a mode's first call anyway.
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:
+        return
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for fn in (_RAW_DISPATCH, _FunctionMode.__torch_function__, _bridge.attach):
+        set_code_exec_strategy(fn.__code__, skip)
+    _DispatchMode.__torch_dispatch__ = _RAW_DISPATCH
 
 
 def _pop_ours(engine: Engine):

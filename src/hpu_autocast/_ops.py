@@ -80,6 +80,12 @@ def is_functional(op: OpOverload) -> bool:
     return not op._schema.is_mutable
 
 
+def requires_dtype(op: OpOverload) -> bool:
+    """True when every call of the overload passes a dtype (``aten.mm.dtype``'s ``out_dtype``):
+    such a call has an explicit dtype, so it is never eligible, whatever the policy says."""
+    return any(str(a.type) == "ScalarType" and not a.kwarg_only for a in op._schema.arguments)
+
+
 def op_base_name(op: OpOverload) -> str:
     """``aten.add_.Tensor`` -> ``add_``."""
     return op._schema.name.split("::", 1)[-1]

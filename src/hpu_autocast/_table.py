@@ -73,13 +73,15 @@ class FuncRule:
     __slots__ = ("qualname", "uniform", "by_overload", "out_rules", "positions")
 
     def __init__(self, qualname: str, by_overload: Dict[str, OpRule], all_functional: list,
-                 out_rules: Dict[str, OpRule], positions: Optional[Dict[str, int]] = None) -> None:
+                 out_rules: Dict[str, OpRule], positions: Optional[Dict[str, int]] = None,
+                 dtype_bound: frozenset = frozenset()) -> None:
         self.qualname = qualname
         self.by_overload = by_overload
         self.out_rules = out_rules
         # The common case: every functional overload is in the table and handled alike, so
-        # the call's overload need not be resolved.
-        rules = [by_overload.get(o) for o in all_functional]
+        # the call's overload need not be resolved. Overloads that take a dtype (mm.dtype)
+        # do not count: a call of theirs has an explicit dtype and is never eligible.
+        rules = [by_overload.get(o) for o in all_functional if o not in dtype_bound]
         first = rules[0] if rules else None
         self.uniform = first if first is not None and all(r is not None and r.same_handling(first) for r in rules) else None
         #: For Python-level wrappers (the fallback without redispatch): argument name -> index.
@@ -114,7 +116,7 @@ class FuncRule:
 class CompiledPolicy:
     """A policy with a dtype, ready for the engine's hot path."""
 
-    __slots__ = ("policy", "dtype", "dispatch", "function", "_defaults")
+    __slots__ = ("policy", "dtype", "dispatch", "function", "has_defaults", "_defaults")
 
     def __init__(self, policy: Policy, dtype: torch.dtype) -> None:
         self.policy = policy
@@ -128,10 +130,8 @@ class CompiledPolicy:
                 self.dispatch[op] = OpRule(op, CastPolicy.FP32, False, message)
         self.function: Dict[Callable, FuncRule] = _function_table(self.dispatch)
         self._defaults: Dict[OpOverload, Optional[OpRule]] = {}
-
-    @property
-    def has_defaults(self) -> bool:
-        return self.policy.unlisted is not None or self.policy.inplace is not None
+        #: Whether ops not in the table may still have a rule (HMP's ``unlisted``/``inplace``).
+        self.has_defaults = policy.unlisted is not None or policy.inplace is not None
 
     def default_rule(self, op: OpOverload) -> Optional[OpRule]:
         """The rule for an op not in the table under the policy's ``unlisted``/``inplace``
@@ -218,7 +218,8 @@ def _function_table(dispatch: Dict[OpOverload, OpRule]) -> Dict[Callable, FuncRu
         func_rules = {o: r for o, r in rules.items() if o in functional}
         out_rules = {o: r for o, r in rules.items() if o not in functional}
         qual = packet._qualified_op_name
-        table.setdefault(fn, FuncRule(qual, func_rules, functional, out_rules, positions))
+        dtype_bound = frozenset(op._overloadname for op in ops if _ops.requires_dtype(op))
+        table.setdefault(fn, FuncRule(qual, func_rules, functional, out_rules, positions, dtype_bound))
 
     for base in by_packet:
         for ns in spaces:
