@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -144,19 +145,28 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms * 1e3:8.1f} us" if ms < 1 else f"{ms:8.2f} ms"
 
 
+def _spread(ratios: Sequence[float]) -> str:
+    """The middle half of the per-round ratios (first to third quartile)."""
+    if len(ratios) < 2:
+        return "-"
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return f"{q1:.2f}-{q3:.2f}"
+
+
 def format_table(results: Dict[str, object]) -> str:
-    """The figures as a fixed-width text table, then every variant's median by workload."""
+    """The figures as a fixed-width text table, then every variant's median by workload.
+    ``spread`` is the middle half of the per-round ratios, a measure of the machine's noise."""
     m = results["machine"]
     s = results["settings"]
     lines = [f"hpu_autocast benchmarks: {m['device_name']} ({m['device']}), {m['cores']} cores, "
              f"threads={m['threads']}, torch {m['torch']}, {s['dtype']}, policy {s['policy']}, "
              f"{s['mode']}, {s['rounds']} rounds",
              "",
-             f"{'figure':<42} {'ours':>11} {'reference':>11} {'ratio':>7} {'target':>7}  verdict"]
+             f"{'figure':<42} {'ours':>11} {'reference':>11} {'ratio':>8} {'spread':>11} {'target':>6}  verdict"]
     for f in results["figures"]:
         target = f"{f['target']:.2f}" if f["target"] is not None else "-"
-        lines.append(f"{f['label']:<42} {_fmt_ms(f['ours_ms'])} {_fmt_ms(f['ref_ms'])} {f['ratio']:6.2f}x "
-                     f"{target:>7}  {f['verdict']}")
+        lines.append(f"{f['label']:<42} {_fmt_ms(f['ours_ms'])} {_fmt_ms(f['ref_ms'])} {f['ratio']:7.3f}x "
+                     f"{_spread(f['round_ratios']):>11} {target:>6}  {f['verdict']}")
     lines += ["", f"{'median per iteration':<22}" + "".join(f"{v:>12}" for v in workloads.VARIANTS)]
     for wl, med in results["medians_ms"].items():
         lines.append(f"{wl:<22}" + "".join(f"{_fmt_ms(med[v]) if v in med else '-':>12}" for v in workloads.VARIANTS))
