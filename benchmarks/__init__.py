@@ -1,8 +1,8 @@
 """Benchmarks of ``hpu_autocast`` against the floor of any Python interceptor and against
 native ``torch.autocast``.
 
-    python -m benchmarks [--quick] [--smoke] [--threads N] [--device cpu|cuda|hpu|auto] [--dtype bfloat16|float16]
-                         [--rounds N] [--out DIR]
+    python -m benchmarks [--quick] [--smoke] [--threads N] [--device cpu|cuda|hpu|auto]
+                         [--dtype bfloat16|float16] [--rounds N] [--out DIR]
 
 Every figure is a ratio of two variants timed side by side in one process, interleaved within
 each round, and reduced to the median over rounds. See docs/performance.md.

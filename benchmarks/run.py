@@ -219,11 +219,13 @@ def write_results(results: Dict[str, object], out: Path) -> List[Path]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Time hpu_autocast against a no-op dispatch mode and native torch.autocast; "
+                                     "write results.json and results.png.")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations (under a minute)")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 2 rounds: checks that it runs")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "hpu"))
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "hpu"),
+                        help="auto: hpu if habana_frameworks is importable, else cuda if available, else cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help="lower precision")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per workload (default 15, quick 7)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads(N) first; 0 leaves torch's default (default: 1, see "
