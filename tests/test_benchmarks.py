@@ -1,0 +1,101 @@
+"""The benchmark machinery, on tiny models (``--smoke``). No timing is asserted: only the shape
+of the results, that every ratio is a positive finite number, and how a verdict is reached."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import harness, judge, main, verdict
+from benchmarks.run import FIGURES, TARGETS, format_table, run_benchmarks, settings_for
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert main(["--smoke", "--device", "cpu", "--out", str(out)]) == 0  # a FAIL is not an error
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_json_structure(smoke_results):
+    _, results = smoke_results
+    assert set(results) == {"machine", "settings", "medians_ms", "figures", "wall_s"}
+    for key in ("platform", "cpu", "cores", "torch", "device", "device_name", "threads", "date"):
+        assert key in results["machine"], key
+    assert results["machine"]["device"] == "cpu"
+    assert results["machine"]["threads"] == 1  # --threads defaults to 1
+    assert results["settings"]["mode"] == "smoke"
+    assert [f["id"] for f in results["figures"]] == [fid for fid, *_ in FIGURES]
+    # Every workload times all four variants, interleaved.
+    for medians in results["medians_ms"].values():
+        assert set(medians) == {"ours", "native", "noop", "plain"}
+        assert all(math.isfinite(v) and v > 0 for v in medians.values())
+
+
+def test_every_ratio_positive_finite_and_judged(smoke_results):
+    _, results = smoke_results
+    for f in results["figures"]:
+        assert math.isfinite(f["ratio"]) and f["ratio"] > 0, f
+        assert len(f["round_ratios"]) == results["settings"]["rounds"]
+        # The stored verdict is the judge's, against this device's target (or none).
+        assert f["target"] == TARGETS["cpu"].get(f["id"])
+        assert f["passed"] == judge(f["ratio"], f["target"])
+        assert f["verdict"] == verdict(f["passed"])
+
+
+def test_png_written(smoke_results):
+    pytest.importorskip("matplotlib")
+    out, _ = smoke_results
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_judge_synthetic():
+    assert judge(1.05, 1.10) is True
+    assert judge(1.10, 1.10) is True  # equal to the target passes
+    assert judge(1.11, 1.10) is False
+    assert judge(0.5, 1.2) is True  # faster than the reference
+    assert judge(3.0, None) is None  # no target: reported only
+    # A broken measurement never passes.
+    assert judge(float("nan"), 1.2) is False
+    assert judge(float("inf"), 1.2) is False
+    assert judge(0.0, 1.2) is False
+    assert [verdict(p) for p in (True, False, None)] == ["PASS", "FAIL", "-"]
+
+
+def test_ratio_is_median_of_round_ratios():
+    # Round 2 is slow for both variants (drift): the per-round ratio cancels it.
+    t = harness.Timings({"ours": [1.1, 5.5, 1.2], "ref": [1.0, 5.0, 1.0]})
+    assert t.ratio("ours", "ref") == pytest.approx(1.1)  # ratios 1.1, 1.1, 1.2
+    assert t.median_ms("ours") == pytest.approx(1200.0)
+    fig = harness.make_figure("x", "x", "w", t, "ours", "ref", 1.15)
+    assert fig.passed is True and fig.verdict == "PASS"
+    assert harness.make_figure("x", "x", "w", t, "ours", "ref", 1.05).verdict == "FAIL"
+
+
+def test_interleave_rotates_order():
+    calls = []
+    variants = {name: (lambda n, name=name: calls.append((name, n))) for name in "abc"}
+    timings = harness.interleave(variants, rounds=3, iters=2, warmup=1)
+    assert calls[:3] == [("a", 1), ("b", 1), ("c", 1)]  # warm-up
+    timed = [name for name, _ in calls[3:]]
+    assert timed == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(len(v) == 3 for v in timings.rounds.values())
+
+
+def test_table_lists_every_figure_with_verdict():
+    results = run_benchmarks(settings_for("smoke", rounds=1), "cpu")
+    text = format_table(results)
+    for f in results["figures"]:
+        assert f["label"] in text
+    assert "PASS" in text or "FAIL" in text
+
+
+def test_unusable_device_is_an_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present")
+    assert main(["--smoke", "--device", "cuda"]) == 2
+    assert "cuda" in capsys.readouterr().err
