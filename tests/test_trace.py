@@ -116,6 +116,14 @@ def test_graph_calls_only_aten_and_runs_without_the_mode():
     assert seen == [(False, 0, 0)]
 
 
+def test_symbolic_trace_runs_at_other_shapes():
+    gm = trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4), policy="torch-cpu", tracing_mode="symbolic")
+    a, b = torch.randn(5, 3), torch.randn(3, 7)
+    with HpuAutocastMode(policy="torch-cpu"):
+        ref = mm_softmax(a, b)
+    assert len(cast_nodes(gm)) == 2 and torch.equal(gm(a, b), ref)
+
+
 def test_trace_inside_a_region_is_refused():
     with HpuAutocastMode(policy="hpu"), pytest.raises(RuntimeError, match="outside the region"):
         trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4))

@@ -30,13 +30,14 @@ attributes of the graph module *by reference*: the graph reads the module's own 
 objects, so gradients flow to them and an optimizer's in-place updates are seen by the next call.
 When ``fn`` is an ``nn.Module`` they are renamed after the module's names, as ``torch.export``
 does (parameter ``fc1.weight`` -> ``p_fc1_weight``, buffer ``bn.running_mean`` ->
-``b_bn_running_mean``). Tracing runs ``fn`` once for real, so its side effects (BatchNorm's
-running statistics) happen once during ``trace``. To pass parameters as inputs instead (to trace a whole training step with
+``b_bn_running_mean``); in-place updates of buffers are graph nodes too. Tracing runs ``fn``
+once for real, so its side effects (BatchNorm's running statistics) also happen once during
+``trace``. To pass parameters as inputs instead (to trace a whole training step with
 ``torch.autograd.grad``), trace a function of ``(params, *inputs)`` that calls
 ``torch.func.functional_call(model, params, inputs)``.
 
 A trace records one run: Python control flow and input shapes are fixed at the example inputs,
-as with any ``make_fx`` trace.
+as with any ``make_fx`` trace. Call the graph outside regions: it already holds its casts.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def trace(fn: Callable, *example_inputs: Any, dtype: torch.dtype = torch.bfloat1
     ``print(gm.code)``, and can be handed to ``torch.compile``. ``fn`` may compute gradients
     (``torch.autograd.grad``): the backward ops and their casts are recorded too. Must be called
     outside any enabled ``HpuAutocastMode`` region (see the module's notes).
+
+    ``tracing_mode`` is ``make_fx``'s: ``"symbolic"`` gives a graph for any input shape, but
+    needs every tensor to be an input (a module's parameters passed through
+    ``torch.func.functional_call``), since ``make_fx`` cannot mix real and fake tensors.
     """
     from ._engine import current_engine
     from .mode import HpuAutocastMode
