@@ -70,9 +70,10 @@ def region_entered() -> bool:
         if _regions == 0:
             try:
                 _restore = set_stance("force_eager")
-            except RuntimeError:
+            except Exception:
                 # Entered from a frame Dynamo is running: torch forbids changing the stance
-                # there. The dispatch mode still makes Dynamo skip what runs inside.
+                # there (RuntimeError). The dispatch mode still makes Dynamo skip what runs
+                # inside. Never fail the region's entry over this.
                 return False
         _regions += 1
         return True
