@@ -14,6 +14,7 @@ from .policy import CastPolicy, Policy
 from .presets import build_policy, get_preset, preset_names
 from .report import PrecisionReport, Recorder, op_graph, record
 from .resolve import PolicyError, resolve
+from .trace import trace
 
 __all__ = [
     "HpuAutocastMode",
@@ -33,6 +34,7 @@ __all__ = [
     "preset_names",
     "record",
     "resolve",
+    "trace",
 ]
 
 __version__ = "0.1.0"

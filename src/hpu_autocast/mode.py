@@ -7,7 +7,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from . import hpu
+from . import _compile_hooks, hpu
 from ._engine import Region, engine_for_thread
 from ._table import compile_policy
 from .policy import Policy
@@ -64,6 +64,7 @@ class HpuAutocastMode:
         self.record = bool(record)
         self._recorder = None
         self._region: Optional[Region] = None
+        self._forced_eager = False  # see _compile_hooks: compiled code runs eagerly in a region
 
     def __enter__(self) -> "HpuAutocastMode":
         if self._region is not None:
@@ -81,6 +82,8 @@ class HpuAutocastMode:
         region = Region(compiled, self.dtype, self.enabled, self.cache_enabled, observer)
         engine_for_thread().push(region)
         self._region = region
+        if region.owns_modes:
+            self._forced_eager = _compile_hooks.region_entered()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -90,6 +93,8 @@ class HpuAutocastMode:
             # entered and can be exited once the inner one is.
             engine_for_thread().pop(region)
             self._region = None
+            forced, self._forced_eager = self._forced_eager, False
+            _compile_hooks.region_exited(forced)
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn`` so each call runs in a fresh region with these settings."""
