@@ -30,6 +30,8 @@ __all__ = ["Region", "Engine", "engine_for_thread", "current_engine"]
 
 _FLOAT32 = torch.float32
 _FLOAT64 = torch.float64
+_EMPTY: dict = {}
+_FunctionType = types.FunctionType
 _Tensor = torch.Tensor
 
 
@@ -55,6 +57,9 @@ class Engine:
     def __init__(self) -> None:
         self.regions: List[Region] = []
         self.region: Optional[Region] = None  # innermost enabled region, or None
+        # The innermost enabled region's tables, read first by the modes ({} when none).
+        self.functions: dict = _EMPTY
+        self.rules: dict = _EMPTY
         self.cache: Dict[int, Tuple[_Tensor, _Tensor]] = {}
         self.suppress = 0
         self.pending: list = []
@@ -67,7 +72,7 @@ class Engine:
         if not _dynamo_prepared:
             _prepare_dynamo()
         self.regions.append(region)
-        self.region = region if region.enabled else None
+        self._set_region(region if region.enabled else None)
         if region.enabled and not self.modes_on:
             self.function_mode.__enter__()
             try:
@@ -91,11 +96,16 @@ class Engine:
             finally:
                 self.function_mode.__exit__(None, None, None)
         top = self.regions[-1] if self.regions else None
-        self.region = top if top is not None and top.enabled else None
+        self._set_region(top if top is not None and top.enabled else None)
         if not self.regions:
             # As torch.autocast: the cast cache lives as long as the outermost region.
             self.cache.clear()
             self.pending.clear()
+
+    def _set_region(self, region: Optional[Region]) -> None:
+        self.region = region
+        self.functions = region.compiled.function if region is not None else _EMPTY
+        self.rules = region.compiled.dispatch if region is not None else _EMPTY
 
     def flush(self) -> None:
         pending, self.pending = self.pending, []
@@ -216,16 +226,15 @@ class _FunctionMode(TorchFunctionMode):
         self._reentered: List[Callable] = []
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
+        # Note: the hot path. Most calls are of ops the policy leaves alone: one dict lookup,
+        # then the call.
         engine = self.engine
-        kwargs = kwargs or {}
         if engine.pending:
             engine.flush()
-        region = engine.region
-        if region is None or engine.suppress:
-            return func(*args, **kwargs)
-        frule = region.compiled.function.get(func)
+        frule = engine.functions.get(func)
         if frule is None:
-            if _compat.HAS_REDISPATCH and type(func) is types.FunctionType and func not in self._reentered:
+            if type(func) is _FunctionType and _compat.HAS_REDISPATCH and not engine.suppress \
+                    and func not in self._reentered and engine.region is not None:
                 # A Python-level function (F.cross_entropy, Tensor.__rpow__): run its body with
                 # this mode still active, so the builtins it calls are seen.
                 # Note: some bodies (Tensor.unflatten) call their C base, which reports the same
@@ -233,9 +242,13 @@ class _FunctionMode(TorchFunctionMode):
                 self._reentered.append(func)
                 try:
                     with self:
-                        return _compat.redispatch(func, types_, args, kwargs)
+                        return _compat.redispatch(func, types_, args, kwargs or {})
                 finally:
                     self._reentered.pop()
+            return func(*args, **kwargs) if kwargs else func(*args)
+        kwargs = kwargs or {}
+        region = engine.region
+        if engine.suppress:
             return func(*args, **kwargs)
         rule = frule.select(args, kwargs)
         if rule is None or rule is DEFER:
@@ -254,21 +267,27 @@ class _DispatchMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         engine = self.engine
-        kwargs = kwargs or {}
-        region = engine.region
-        if region is None or engine.suppress:
-            return func(*args, **kwargs)
-        if engine.pending:
-            engine.flush()
-        compiled = region.compiled
-        rule = compiled.dispatch.get(func)
-        if rule is None and compiled.has_defaults:
-            rule = compiled.default_rule(func)
+        rule = engine.rules.get(func)
         if rule is None:
-            if region.observer is not None:
-                _observe(region, "dispatch", None, func, "not listed", args, kwargs, None)
-            return func(*args, **kwargs)
-        return _run(engine, region, rule, func, args, kwargs, "dispatch", None)
+            region = engine.region
+            if region is None or engine.suppress:
+                return func._op(*args, **kwargs) if kwargs else func._op(*args)
+            if engine.pending:
+                engine.flush()
+            compiled = region.compiled
+            if compiled.has_defaults:
+                rule = compiled.default_rule(func)
+            if rule is None:
+                if region.observer is not None:
+                    _observe(region, "dispatch", None, func, "not listed", args, kwargs or {}, None)
+                return func._op(*args, **kwargs) if kwargs else func._op(*args)
+        elif engine.suppress:
+            return func._op(*args, **kwargs) if kwargs else func._op(*args)
+        else:
+            region = engine.region
+            if engine.pending:
+                engine.flush()
+        return _run(engine, region, rule, func, args, kwargs or {}, "dispatch", None)
 
 
 # [Note: Dynamo and our handlers]

@@ -68,6 +68,7 @@ class Policy:
     #: Every op of the promote list, also those a lower or FP32 entry overrides: when a user
     #: replaces the lower list, an op it no longer names falls back to promote.
     promoted: frozenset = frozenset()
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Note: frozen means frozen all the way down; callers may pass plain dicts.
@@ -75,9 +76,11 @@ class Policy:
         object.__setattr__(self, "banned", MappingProxyType(dict(self.banned)))
         object.__setattr__(self, "input_only", frozenset(self.input_only))
         object.__setattr__(self, "promoted", frozenset(self.promoted))
+        # Once: a region's entry looks the policy up in compile_policy's cache.
+        object.__setattr__(self, "_hash", hash((self.name, tuple(sorted((str(k), v.value) for k, v in self.table.items())))))
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted((str(k), v.value) for k, v in self.table.items()))))
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Policy):
