@@ -89,3 +89,20 @@ def test_module_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "hpu_autocast", "policy", "--preset", "hmp", "--format", "json"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert {"op": "aten.linear.default", "action": "lower"} in json.loads(out)
+
+
+def test_a_reader_that_leaves_early_is_not_a_traceback():
+    # `python -m hpu_autocast docs | head -1`: the pipe closes while the table is printed.
+    proc = subprocess.Popen([sys.executable, "-m", "hpu_autocast", "docs"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"Traceback" not in err, err.decode()
+
+
+def test_console_script_is_declared():
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "hpu-autocast"]
+    assert script.value == "hpu_autocast.cli:main"

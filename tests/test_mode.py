@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpu_autocast
-from hpu_autocast import HpuAutocastMode, disable_casts, get_dtype, is_enabled
+from hpu_autocast import HpuAutocastMode, disable_casts, get_dtype, get_policy, get_preset, is_enabled
 
 A, B = torch.randn(2, 3), torch.randn(3, 2)
 
@@ -35,11 +35,16 @@ def test_nesting_innermost_wins():
             assert torch.mm(A, B).dtype == torch.float16
             assert get_dtype() == torch.float16
         assert torch.mm(A, B).dtype == torch.bfloat16
+        assert get_policy() == get_preset("torch-cpu")
         # Another policy inside: hpu has exp on the FP32 list, torch-cpu does not list it.
         x = torch.randn(3, dtype=torch.bfloat16)
         assert torch.exp(x).dtype == torch.bfloat16
         with HpuAutocastMode():
             assert torch.exp(x).dtype == torch.float32
+            assert get_policy().name == "hpu"
+        with HpuAutocastMode(enabled=False):
+            assert get_policy() is None
+    assert get_policy() is None
 
 
 def test_enabled_false_inside_turns_casting_off():

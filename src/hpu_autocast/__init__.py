@@ -7,14 +7,15 @@
     torch.bfloat16
 """
 
-from . import hpu, report
+from . import amp, checkpoint, hmp, hpu, report
+from .amp import custom_bwd, custom_fwd
 from .compare import Comparison, compare
-from .mode import HpuAutocastMode, disable_casts, get_dtype, is_enabled
+from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled
 from .policy import CastPolicy, Policy
 from .presets import build_policy, get_preset, preset_names
 from .report import PrecisionReport, Recorder, op_graph, record
 from .resolve import PolicyError, resolve
-from .trace import trace
+from .trace import cast_nodes, trace
 
 __all__ = [
     "HpuAutocastMode",
@@ -24,15 +25,24 @@ __all__ = [
     "Recorder",
     "Policy",
     "PolicyError",
+    "amp",
     "build_policy",
+    "cast_nodes",
+    "checkpoint",
     "compare",
+    "custom_bwd",
+    "custom_fwd",
     "disable_casts",
     "get_dtype",
+    "get_policy",
     "get_preset",
+    "hmp",
+    "hpu",
     "is_enabled",
     "op_graph",
     "preset_names",
     "record",
+    "report",
     "resolve",
     "trace",
 ]

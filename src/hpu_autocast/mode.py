@@ -13,7 +13,7 @@ from ._table import compile_policy
 from .policy import Policy
 from .presets import get_preset
 
-__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype"]
+__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy"]
 
 
 def _as_policy(policy: Union[str, Policy]) -> Policy:
@@ -149,3 +149,12 @@ def get_dtype() -> Optional[torch.dtype]:
 
     engine = current_engine()
     return engine.region.dtype if engine is not None and engine.region is not None else None
+
+
+def get_policy() -> Optional[Policy]:
+    """The innermost enabled region's ``Policy``, or ``None``."""
+    from ._engine import current_engine
+
+    engine = current_engine()
+    region = engine.region if engine is not None else None
+    return region.compiled.policy if region is not None else None
