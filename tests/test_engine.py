@@ -127,3 +127,20 @@ def test_python_wrapper_passing_out_none_is_not_an_out_call():
     with HpuAutocastMode(torch.bfloat16, policy=policy):
         out = torch.tensordot(a, b, 2)
     assert out.dtype == torch.float32 and torch.equal(out, torch.tensordot(a, b, 2))
+
+
+def test_dtype_taking_overloads_do_not_make_a_call_resolve_its_overload(monkeypatch):
+    # aten::mm.dtype (torch 2.13) takes out_dtype: a call of it has an explicit dtype and is never
+    # eligible, so torch-cpu, which lists mm.default only, can treat torch.mm as one rule.
+    from hpu_autocast import _ops
+
+    assert _ops.requires_dtype(torch.ops.aten.mm.dtype) if hasattr(torch.ops.aten.mm, "dtype") else True
+    assert not _ops.requires_dtype(torch.ops.aten.sum.default)  # dtype=None is optional
+    calls = []
+    real = torch._C._jit_resolve_packet
+    monkeypatch.setattr(torch._C, "_jit_resolve_packet", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    a, b = torch.randn(2, 3), torch.randn(3, 4)
+    with HpuAutocastMode(policy="torch-cpu"):
+        out = torch.mm(a, b)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, torch.mm(a.bfloat16(), b.bfloat16()))
+    assert "aten::mm" not in calls

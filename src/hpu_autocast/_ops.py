@@ -83,7 +83,7 @@ def is_functional(op: OpOverload) -> bool:
 def requires_dtype(op: OpOverload) -> bool:
     """True when every call of the overload passes a dtype (``aten.mm.dtype``'s ``out_dtype``):
     such a call has an explicit dtype, so it is never eligible, whatever the policy says."""
-    return any(str(a.type) == "ScalarType" and not a.kwarg_only for a in op._schema.arguments)
+    return any(str(getattr(a, "real_type", a.type)) == "ScalarType" and not a.kwarg_only for a in op._schema.arguments)
 
 
 def op_base_name(op: OpOverload) -> str:
