@@ -11,6 +11,7 @@ NaN-aware comparison of two results (structure, types, dtypes, shapes, values).
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from typing import Callable, Dict, Optional, Tuple
 
@@ -62,6 +63,26 @@ def grid(dims: int) -> torch.Tensor:
 
 def c(*args, **kwargs) -> Call:
     return args, kwargs
+
+
+def _named(*shape: int) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Named tensors ... are an experimental feature"
+        return r(*shape).refine_names(*"NC"[: len(shape)])
+
+
+def _if_registered(packet: str, calls: Dict[str, Callable[[], Call]]) -> Dict[str, Call]:
+    """The calls whose overload this torch's CPU autocast registers: the Dimname overloads of
+    prod and index_copy are registered on torch 2.9, not on 2.13 (which has no named tensors);
+    _addmm_activation not on 2.4."""
+    def registered(overload: str) -> bool:
+        name = f"aten::{packet}" if overload == "default" else f"aten::{packet}.{overload}"
+        try:
+            return torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU")
+        except RuntimeError:  # no such overload in this torch
+            return False
+
+    return {o: call() for o, call in calls.items() if registered(o)}
 
 
 def _one(*args, **kwargs) -> Dict[str, Call]:
@@ -133,7 +154,9 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "addmm": lambda: _one(r(2, 3), r(2, 4), r(4, 3), beta=0.5),
     "addbmm": lambda: _one(r(2, 3), r(2, 2, 4), r(2, 4, 3)),
     "baddbmm": lambda: _one(r(2, 2, 3), r(2, 2, 4), r(2, 4, 3)),
-    "_addmm_activation": lambda: _one(r(3), r(2, 4), r(4, 3), use_gelu=True),
+    # Registered for AutocastCPU from torch 2.5 on.
+    "_addmm_activation": lambda: _if_registered("_addmm_activation", {
+        "default": lambda: c(r(3), r(2, 4), r(4, 3), use_gelu=True)}),
     "matmul": lambda: _one(r(2, 3, 4), r(4, 2)),
     "linear": lambda: _one(r(2, 4), r(3, 4), r(3)),
     "linalg_vecdot": lambda: _one(r(3, 4), r(3, 4), dim=0),
@@ -171,7 +194,8 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "grid_sampler_3d": lambda: _one(r(1, 2, 3, 3, 3), grid(3), 0, 0, False),
     # --- misc math (float32) ----------------------------------------------------------------
     "polar": lambda: _one(pos(3), r(3)),
-    "prod": lambda: {"default": c(r(3, 4)), "dim_int": c(r(3, 4), 1, True)},
+    "prod": lambda: _if_registered("prod", {"default": lambda: c(r(3, 4)), "dim_int": lambda: c(r(3, 4), 1, True),
+                                            "dim_Dimname": lambda: c(_named(3, 4), "C", True)}),
     "quantile": lambda: {"default": c(r(3, 4), torch.tensor([0.3, 0.6])), "scalar": c(r(3, 4), 0.3, 1)},
     "nanquantile": lambda: {"default": c(r(3, 4), torch.tensor([0.3, 0.6])), "scalar": c(r(3, 4), 0.3, 1)},
     "stft": lambda: {"default": c(r(16), 8, return_complex=True),
@@ -252,7 +276,9 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     # --- promote to the widest input --------------------------------------------------------
     "cat": lambda: {"default": c([r(2, 3), r(1, 3)], 0)},
     "stack": lambda: {"default": c([r(2, 3), r(2, 3)], 1)},
-    "index_copy": lambda: _one(r(4, 3), 0, torch.tensor([0, 2]), r(2, 3)),
+    "index_copy": lambda: _if_registered("index_copy", {
+        "default": lambda: c(r(4, 3), 0, torch.tensor([0, 2]), r(2, 3)),
+        "dimname": lambda: c(_named(4, 3), "N", torch.tensor([0, 2]), _named(2, 3))}),
 }
 
 

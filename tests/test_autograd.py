@@ -342,20 +342,26 @@ def test_module_called_twice_against_native(cache_enabled):
 
 
 def test_weight_first_used_under_no_grad_still_gets_its_gradient():
-    def run(region):
+    def run(region, call=None):
         torch.manual_seed(0)
         lin = nn.Linear(4, 3)
         x = torch.randn(2, 4)
         with region:
             with torch.no_grad():
                 lin(x)  # an evaluation pass first (an EMA teacher, a metric)
-            out = lin(x)
-        assert out.requires_grad
+            out = lin(x) if call is None else call(lin, x)
+        if not out.requires_grad:
+            return None
         _loss(out).backward()
         return out, {"w": lin.weight.grad, "b": lin.bias.grad}
 
-    native = run(torch.autocast("cpu", dtype=BF))
     ours = run(HpuAutocastMode(BF, policy="torch-cpu"))
+    assert ours is not None, "the output lost its graph"
+    native = run(torch.autocast("cpu", dtype=BF))
+    if native is None:
+        # Older torch's autocast (seen on 2.9.1) cached the cast made under no_grad: the same bug
+        # (its output did not require grad); compare with a hand-cast control there.
+        native = run(_NoMode(), lambda lin, x: F.linear(x.to(BF), lin.weight.to(BF), lin.bias.to(BF)))
     _assert_same(ours, native)
 
 

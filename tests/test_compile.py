@@ -128,6 +128,33 @@ def test_stance_is_counted_across_nesting_and_threads():
     assert stance() == "default"
 
 
+def test_regions_ending_out_of_order_in_two_threads_leave_no_mode_flag_set():
+    # torch keeps "a dispatch mode is active" in process-global flags that each mode's exit
+    # restores to what its entry saw; this thread's region ends first, the other's last, so
+    # torch alone would leave them set (and torch < 2.10's Dynamo would never compile again).
+    from torch.utils import _python_dispatch
+
+    entered, release = threading.Event(), threading.Event()
+
+    def other():
+        with HpuAutocastMode(policy="hpu"):
+            entered.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    with HpuAutocastMode(policy="hpu"):
+        t.start()
+        entered.wait(10)
+    release.set()
+    t.join()
+    for name in _compile_hooks._MODE_FLAGS:
+        assert getattr(_python_dispatch, name, False) is False, name
+    counter = Backend()
+    f = torch.compile(lambda t: (t * 2).sin(), backend=counter)
+    f(torch.randn(3))
+    assert counter.runs == [1]
+
+
 def test_a_region_entered_inside_a_compiled_function_gives_eager_values():
     # Dynamo cannot trace the region (the package is on its skip list: it graph-breaks at
     # HpuAutocastMode.__init__ instead of tracing the policy machinery), so the function runs

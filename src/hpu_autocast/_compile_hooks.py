@@ -93,6 +93,30 @@ def region_exited(forced: bool) -> None:
                 warnings.warn("hpu_autocast: could not restore torch.compile's stance on region exit "
                               "(exited inside a compiled frame); it stays 'force_eager'",
                               RuntimeWarning, stacklevel=3)
+            _clear_stale_mode_flags()
+
+
+#: torch's process-global "a dispatch mode is active" flags (torch/utils/_python_dispatch.py).
+_MODE_FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
+               "_is_in_any_mode_without_ignore_compile_internals")
+
+
+def _clear_stale_mode_flags() -> None:
+    """Clear torch's global dispatch-mode flags once no region of ours is open in any thread.
+
+    Each ``TorchDispatchMode.__exit__`` restores those flags to what its ``__enter__`` saw. The
+    modes are per thread but the flags are not, so regions that overlap in two threads and end
+    in another order leave them set. torch older than 2.10 decides from that flag that a mode is
+    active and then never compiles anything again (seen on 2.9.1: every ``torch.compile``d call
+    ran eagerly). Called with the lock held, when the last region has exited; a mode of another
+    library open in another thread at that moment would be the one case this misjudges."""
+    if torch._C._len_torch_dispatch_stack() != 0:
+        return
+    from torch.utils import _python_dispatch
+
+    for name in _MODE_FLAGS:
+        if getattr(_python_dispatch, name, False) is True:
+            setattr(_python_dispatch, name, False)
 
 
 if "torch._dynamo" in sys.modules:
