@@ -163,3 +163,14 @@ def test_generated_list_files(tmp_path, valid, invalid, data):
             from hpu_autocast import resolve
 
             assert all(policy.table[op] is CastPolicy.LOWER for op in resolve(name))
+
+
+def test_several_ops_on_both_lists_name_the_first_and_count_the_rest():
+    from hpu_autocast import build_policy
+
+    for _ in range(3):  # the same message every time: lower-list order, not set order
+        with pytest.raises(PolicyError) as err:
+            build_policy("x", lower=["mm", "exp", "log", "sin"], fp32=["sin", "log", "exp"])
+        assert str(err.value) == (
+            "aten.exp.default is on both the lower-precision list, as 'exp', and the FP32 list, as "
+            "'exp'; remove it from one (and 2 more: aten.log.default, aten.sin.default)")

@@ -20,6 +20,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 from torch._ops import OpOverload
 
 from .policy import CastPolicy, Policy
+from .presets import check_no_conflict
 from .resolve import PolicyError, Source, resolve
 
 __all__ = ["read_list", "with_lists", "policy_from_files", "policy_from_env", "ENV_LOWER", "ENV_FP32"]
@@ -71,13 +72,6 @@ def _resolve_entries(entries: Iterable) -> Dict[OpOverload, Entry]:
     return out
 
 
-def _describe(entry: Entry) -> str:
-    name, source = entry
-    if source and source[0]:
-        return f"{name!r} ({source[0]}, line {source[1]})"
-    return repr(name)
-
-
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
                promote: Optional[Iterable] = None, name: Optional[str] = None) -> Policy:
     """A new policy whose lower, FP32 and/or promote lists are replaced by these names.
@@ -102,9 +96,7 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
         f32 = {op: e for op, e in f32.items() if op not in low}
     elif fp32 is not None and lower is None:
         low = {op: e for op, e in low.items() if op not in f32}
-    for op in low.keys() & f32.keys():
-        raise PolicyError(f"{op} is on both the lower-precision list, as {_describe(low[op])}, "
-                          f"and the FP32 list, as {_describe(f32[op])}; remove it from one")
+    check_no_conflict(low, f32)
     table: Dict[OpOverload, CastPolicy] = {
         op: CastPolicy.FIRST if _ops.is_inplace(op) else CastPolicy.PROMOTE for op in pro}
     # The lower and FP32 lists take precedence over promote.

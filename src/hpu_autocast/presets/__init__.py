@@ -65,6 +65,18 @@ def _describe(entry: Entry) -> str:
     return repr(name)
 
 
+def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry]) -> None:
+    """Raise ``PolicyError`` naming the first op (in lower-list order) that is on both lists,
+    with the entries that put it there, and how many more there are."""
+    both = [op for op in low if op in f32]
+    if both:
+        op = both[0]
+        more = f" (and {len(both) - 1} more: {', '.join(str(o) for o in both[1:4])}{', ...' if len(both) > 4 else ''})" \
+            if len(both) > 1 else ""
+        raise PolicyError(f"{op} is on both the lower-precision list, as {_describe(low[op])}, "
+                          f"and the FP32 list, as {_describe(f32[op])}; remove it from one{more}")
+
+
 def build_policy(
     name: str,
     *,
@@ -96,11 +108,7 @@ def build_policy(
     low = _resolve_all(_entries(lower), **kw)
     f32 = _resolve_all(_entries(fp32), **kw)
     pro = _resolve_all(_entries(promote), **kw)
-    for op in low.keys() & f32.keys():
-        raise PolicyError(
-            f"{op} is on both the lower-precision list, as {_describe(low[op])}, "
-            f"and the FP32 list, as {_describe(f32[op])}; remove it from one"
-        )
+    check_no_conflict(low, f32)
     table: Dict[OpOverload, CastPolicy] = {}
     for op in pro:
         table[op] = CastPolicy.FIRST if _ops.is_inplace(op) else CastPolicy.PROMOTE
