@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpu_autocast import HpuAutocastMode, _compile_hooks
 from hpu_autocast.trace import trace
+from test_trace import example, mlp
 
 # The lower dtype out of the last Linear, per policy: both put linear/addmm on the lower list.
 POLICIES = ["torch-cpu", "hpu"]
@@ -51,15 +52,8 @@ def stance():
     return torch._dynamo.eval_frame._stance.stance
 
 
-def mlp():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
-                               torch.nn.Linear(16, 3))
-
-
 def x():
-    torch.manual_seed(1)
-    return torch.randn(4, 6)
+    return example(mlp())
 
 
 def eager_step(model, inp, policy, compiled=None):
@@ -106,25 +100,37 @@ def test_a_call_inside_a_region_leaves_the_compiled_model_compiled(first):
     assert y.dtype == torch.float32 and torch.equal(y, model(x()))
 
 
-def test_stance_is_counted_across_nesting_and_threads():
-    entered, release = threading.Event(), threading.Event()
+class OtherThreadRegion:
+    """A region in another thread, opened and closed on demand (``open`` waits until it is in)."""
 
-    def other():
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self):
         with HpuAutocastMode(policy="hpu"):
-            entered.set()
-            release.wait(10)
+            self.entered.set()
+            self.release.wait(10)
 
-    t = threading.Thread(target=other)
+    def open(self):
+        self.thread.start()
+        self.entered.wait(10)
+
+    def close(self):
+        self.release.set()
+        self.thread.join()
+
+
+def test_stance_is_counted_across_nesting_and_threads():
+    other = OtherThreadRegion()
     with HpuAutocastMode(policy="hpu"):
         assert stance() == "force_eager"
         with HpuAutocastMode(enabled=False), HpuAutocastMode(policy="torch-cpu"):
             assert stance() == "force_eager"
-        t.start()
-        entered.wait(10)
+        other.open()
     # This thread's region is gone, the other thread's is still open.
     assert stance() == "force_eager"
-    release.set()
-    t.join()
+    other.close()
     assert stance() == "default"
 
 
@@ -134,19 +140,10 @@ def test_regions_ending_out_of_order_in_two_threads_leave_no_mode_flag_set():
     # torch alone would leave them set (and torch < 2.10's Dynamo would never compile again).
     from torch.utils import _python_dispatch
 
-    entered, release = threading.Event(), threading.Event()
-
-    def other():
-        with HpuAutocastMode(policy="hpu"):
-            entered.set()
-            release.wait(10)
-
-    t = threading.Thread(target=other)
+    other = OtherThreadRegion()
     with HpuAutocastMode(policy="hpu"):
-        t.start()
-        entered.wait(10)
-    release.set()
-    t.join()
+        other.open()
+    other.close()
     for name in _compile_hooks._MODE_FLAGS:
         assert getattr(_python_dispatch, name, False) is False, name
     counter = Backend()
