@@ -63,8 +63,11 @@ def _input_positions(node, subs: Dict[int, Tuple[torch.Tensor, torch.dtype]]) ->
         if fn is None:
             continue
         for orig, dtype in subs.values():
-            if orig.grad_fn is fn and orig.output_nr == nr if orig.grad_fn is not None else (
-                    getattr(fn, "variable", None) is orig):
+            if orig.grad_fn is not None:
+                feeds = orig.grad_fn is fn and orig.output_nr == nr
+            else:  # a leaf: the edge is its AccumulateGrad
+                feeds = getattr(fn, "variable", None) is orig
+            if feeds:
                 if dtype != orig.dtype:
                     found.append((i, dtype))
                 break
