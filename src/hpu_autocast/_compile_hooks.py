@@ -24,7 +24,8 @@ a region (where the stance cannot be changed: torch forbids it inside a compiled
 traces the policy machinery nor compiles the engine's helpers.
 
 Nothing here imports ``torch._dynamo`` (a second to import): if it is not loaded, nothing has
-been compiled and there is nothing to do.
+been compiled and there is nothing to do. (The engine loads it at the first region's entry,
+to mark its handlers skipped; see ``_engine._prepare_dynamo``.)
 """
 
 from __future__ import annotations
