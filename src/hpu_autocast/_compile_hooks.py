@@ -25,7 +25,7 @@ traces the policy machinery nor compiles the engine's helpers.
 
 Nothing here imports ``torch._dynamo`` (a second to import): if it is not loaded, nothing has
 been compiled and there is nothing to do. (The engine loads it at the first region's entry,
-to mark its handlers skipped; see ``_engine._prepare_dynamo``.)
+through ``skip_recursively``, to mark its handlers skipped; see ``_engine._prepare_dynamo``.)
 """
 
 from __future__ import annotations
@@ -55,6 +55,22 @@ def _skip_our_files() -> None:
     except Exception:  # a torch without it: Dynamo traces into the package (slower, same values)
         pass
     _skipping = True
+
+
+def skip_recursively(*fns) -> bool:
+    """Mark the code of ``fns`` to be skipped by Dynamo together with everything they call, and
+    put the package on Dynamo's skip list. Loads ``torch._dynamo`` (what a ``TorchDispatchMode``'s
+    first call does anyway). Returns False where torch has no such marking (older than 2.9)."""
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:
+        return False
+    _skip_our_files()
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for fn in fns:
+        set_code_exec_strategy(fn.__code__, skip)
+    return True
 
 
 def region_entered() -> bool:

@@ -21,7 +21,7 @@ from torch import _C
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _bridge, _compat
+from . import _bridge, _compat, _compile_hooks
 from ._table import DEFER, CompiledPolicy, OpRule
 from .policy import CastPolicy
 from .rules import compute_dtype, has_explicit_dtype, is_eligible
@@ -306,16 +306,8 @@ _RAW_DISPATCH = getattr(_DispatchMode.__dict__["__torch_dispatch__"], "__wrapped
 def _prepare_dynamo() -> None:
     global _dynamo_prepared
     _dynamo_prepared = True
-    try:
-        # Importing Dynamo is what the stock wrapper does at a mode's first call anyway.
-        from torch._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-    except ImportError:
-        return
-    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
-    for fn in (_RAW_DISPATCH, _FunctionMode.__torch_function__, _bridge.attach):
-        set_code_exec_strategy(fn.__code__, skip)
-    _DispatchMode.__torch_dispatch__ = _RAW_DISPATCH
+    if _compile_hooks.skip_recursively(_RAW_DISPATCH, _FunctionMode.__torch_function__, _bridge.attach):
+        _DispatchMode.__torch_dispatch__ = _RAW_DISPATCH
 
 
 def _pop_ours(engine: Engine):
