@@ -2,9 +2,9 @@
 with backward outside or inside the region, double backward, ``torch.autograd.grad``.
 
 The oracle is native ``torch.autocast("cpu")`` on the same policy (``torch-cpu``). Each test runs
-both the function-level path (``torch.mm``: cast above autograd) and the dispatch-level path
-(``torch.einsum``, a composite with no rule of its own whose inner ``bmm`` is cast below
-autograd, saved tensors recast by the bridge)."""
+a policy op called directly (``torch.mm``) and one called from C++ inside a composite that has no
+rule of its own (``torch.einsum``'s inner ``bmm``): both are cast above autograd by the engine's
+kernel, as native autocast casts them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from hpu_autocast import HpuAutocastMode
 
-MM = {"function": torch.mm, "dispatch": lambda x, w: torch.einsum("ij,jk->ik", x, w)}
+MM = {"direct": torch.mm, "inside einsum": lambda x, w: torch.einsum("ij,jk->ik", x, w)}
 LEVELS = sorted(MM)
 
 
@@ -73,15 +73,7 @@ def test_autograd_grad(level):
     _equal(*_both(run))
 
 
-@pytest.mark.parametrize("level", [
-    "function",
-    # Native autocast's weight copy is one autograd node; in double backward both paths to the
-    # weight (the saved copy inside the first-order graph, and the forward's own use) sum their
-    # gradients at that node in bfloat16 before ToCopyBackward. A dispatch-level cast has no
-    # such node (a saved tensor's unpacked value keeps the original's autograd edge), so ours
-    # sums them in float32: more exact, not the same bits. docs/design.md, "Limitations".
-    pytest.param("dispatch", marks=pytest.mark.xfail(strict=True, reason="second-order gradients sum in float32")),
-])
+@pytest.mark.parametrize("level", LEVELS)
 def test_double_backward(level):
     def run(region, x, w):
         with region:
@@ -122,13 +114,10 @@ def test_tensor_used_by_two_cast_ops(level):
     _equal(*_both(run))
 
 
-def test_no_grad_region_leaves_nothing_pending():
-    from hpu_autocast._engine import current_engine
-
+def test_no_grad_region_records_no_graph():
     x, w = _leaves()
     with torch.no_grad(), HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
         y = torch.ops.aten.mm.default(x, w)
-        assert not current_engine().pending
     assert y.dtype == torch.bfloat16 and y.grad_fn is None
 
 
@@ -412,8 +401,8 @@ def test_dispatch_level_casts_under_hpu_against_a_hand_cast_control(name):
 # A kernel whose backward returns float32 gradients for low-precision inputs, as oneDNN's
 # mkldnn_rnn_layer_backward does on CPUs without AMX (nn.LSTM under torch-cpu on AMD EPYC).
 # Native autocast rounds such a gradient through the copy's dtype: autograd casts it to the
-# dtype of the input the node saw, then ToCopyBackward casts it to float32. The bridge must
-# give the same bits for a node whose input it did not see cast.
+# dtype of the input the node saw, then ToCopyBackward casts it to float32. The engine casts
+# above autograd too, so a custom op placed on a policy's list gets the same bits.
 torch.library.define("hpu_autocast_test::scale_f32_grad", "(Tensor x) -> Tensor")
 
 
@@ -429,14 +418,16 @@ def _scale_f32_grad_backward(ctx, grad):
 torch.library.register_autograd("hpu_autocast_test::scale_f32_grad", _scale_f32_grad_backward)
 
 
-def test_bridge_rounds_a_float32_gradient_through_the_cast_dtype():
-    from hpu_autocast import _bridge
+def test_a_float32_gradient_is_rounded_through_the_cast_dtype():
+    from hpu_autocast import build_policy
 
     op = torch.ops.hpu_autocast_test.scale_f32_grad.default
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    out = op(x)  # what autograd recorded: the node's input is the float32 x
-    _bridge.attach([((out,), {id(x): (x, torch.bfloat16)})])
-    (ours,) = torch.autograd.grad(out.sum(), x)
+    policy = build_policy("custom", lower=["hpu_autocast_test::scale_f32_grad"], device_type="cpu")
+    with HpuAutocastMode(policy=policy):
+        out = op(x)
+    assert out.dtype == torch.bfloat16
+    (ours,) = torch.autograd.grad(out.float().sum(), x)
     (control,) = torch.autograd.grad(op(x.bfloat16()).float().sum(), x)
     assert ours.dtype == control.dtype == torch.float32
     assert torch.equal(ours, control)

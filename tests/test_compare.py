@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hpu_autocast.compare import compare
+from hpu_autocast import compare
 
 
 def test_errors_match_a_hand_cast_run():

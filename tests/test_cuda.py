@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from hpu_autocast import HpuAutocastMode
-from hpu_autocast.trace import cast_nodes, trace
+from hpu_autocast import cast_nodes, trace
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -45,9 +45,15 @@ def data():
     return torch.randn(32, 8, generator=g), torch.randint(0, 4, (32,), generator=g)
 
 
+# The stand-in bridge has no HPU tensors: its tensors are on the CPU, so the regions here name
+# the CPU as their device (on Gaudi, a region of the default policy casts HPU tensors).
+ON_CPU = {"device_type": "cpu"}
+
+
 def train(steps=3, **mode_kwargs):
     """A lazy-mode style loop: forward in the region, ``mark_step`` after backward and after the
     optimizer step, as Gaudi's guides place it."""
+    mode_kwargs = {**ON_CPU, **mode_kwargs}
     model, (x, y) = mlp(), data()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
@@ -94,7 +100,7 @@ def test_cache_is_always_off_on_hpu(gaudi):
 
     # And the region really does not cache: a weight used twice gets two cast nodes.
     x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
-    with HpuAutocastMode(cache_enabled=True):
+    with HpuAutocastMode(cache_enabled=True, **ON_CPU):
         a, b = torch.mm(x, w), torch.mm(x, w)
     assert a.grad_fn.next_functions[1][0] is not b.grad_fn.next_functions[1][0]
 
@@ -196,7 +202,7 @@ def guarded_step(region):
 def test_the_guard_sees_host_synchronisation():
     x = torch.randn(3)
     guard = SyncGuard()
-    with guard.methods(), HpuAutocastMode(), guard:
+    with guard.methods(), HpuAutocastMode(**ON_CPU), guard:
         x[0].item(), bool(x[0]), x.nonzero(), x.tolist(), x.cpu(), torch.equal(x, x)
     assert {"Tensor.item", "Tensor.__bool__", "Tensor.tolist", "Tensor.cpu",
             "aten._local_scalar_dense.default", "aten.nonzero.default",
@@ -208,7 +214,7 @@ def test_the_mode_adds_no_host_synchronisation(gaudi, kwargs):
     # The same step with and without the mode; whatever the model and optimizer do themselves
     # is in both (nothing here), and the mode must add nothing, recording or not.
     without = guarded_step(contextlib.nullcontext())
-    with_mode = guarded_step(HpuAutocastMode(**kwargs))
+    with_mode = guarded_step(HpuAutocastMode(**kwargs, **ON_CPU))
     assert with_mode.seen == without.seen == []
     # The guard did see the step, the mode's casts included (the first Linear in bfloat16).
     assert {aten.addmm.default, aten.mm.default} <= without.ops
@@ -222,7 +228,7 @@ def test_wrap_in_hpu_graph_under_the_mode(gaudi):
     plain = mlp().eval()
     wrapped = hpu.wrap_in_hpu_graph(copy.deepcopy(plain), disable_tensor_cache=True)
     x, _ = data()
-    with torch.no_grad(), HpuAutocastMode():
+    with torch.no_grad(), HpuAutocastMode(**ON_CPU):
         outs = [wrapped(x), wrapped(x), wrapped(x[:4])]
         refs = [plain(x), plain(x), plain(x[:4])]
     for out, ref in zip(outs, refs):

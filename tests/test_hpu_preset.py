@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from _samples import SAMPLES, build
-from hpu_autocast import HpuAutocastMode, PolicyError, _compat
+from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError
+from hpu_autocast.events import Outcome
 
 # A copy of ../shared/seeds, so a clone on its own can run the suite (test_seed_copies_are_current).
 SEED = pathlib.Path(__file__).resolve().parent / "seeds" / "000_6bf55abaf442eb78.txt"
@@ -41,7 +42,6 @@ LOWER, FP32, PROMOTE = _seed_lists()
 
 #: The path torch < 2.13 takes (no redispatch_function; HPU_AUTOCAST_NO_REDISPATCH=1 forces it):
 #: Python wrappers such as F.leaky_relu are matched by name at the wrapper.
-OLDER_TORCH_PATH = not _compat.HAS_REDISPATCH
 NORMS = {"batch_norm", "group_norm", "instance_norm", "layer_norm"}
 
 
@@ -202,13 +202,13 @@ def test_lower_op_leaves_its_insides_alone(name):
     fn, args, kwargs = build(name)
     decisions = []
 
-    def observer(level, rule, func, reason, *_):
-        if rule is not None:
-            decisions.append((level, reason))
+    def observer(event):
+        if event.action is not None:
+            decisions.append((event.outcome, event.action))
 
     with HpuAutocastMode(observer=observer):
         _call(fn, args, kwargs)
-    assert decisions == [("function", "lower")]
+    assert decisions == [(Outcome.CAST, CastPolicy.LOWER)]
 
 
 @pytest.mark.parametrize("name", sorted(set(FP32) - set(LOWER)))
@@ -221,13 +221,13 @@ def test_fp32_op_leaves_its_insides_alone(name):
     args, kwargs = _cast_all(torch.bfloat16, args, kwargs)
     decisions = []
 
-    def observer(level, rule, func, reason, *_):
-        if rule is not None:
-            decisions.append(reason)
+    def observer(event):
+        if event.action is not None:
+            decisions.append(event.action)
 
     with HpuAutocastMode(observer=observer):
         _call(fn, args, kwargs)
-    assert decisions and set(decisions) == {"fp32"}
+    assert decisions and set(decisions) == {CastPolicy.FP32}
 
 
 PROMOTE_ONLY = sorted(set(PROMOTE) - set(LOWER) - set(FP32) - {"iadd"})
@@ -460,10 +460,6 @@ def test_special_namespace_softmax_is_cast(name):
     assert ours.dtype == torch.bfloat16 and _equal(ours, plain(X.to(BF), -1))
 
 
-@pytest.mark.xfail(OLDER_TORCH_PATH, strict=True, raises=AssertionError, reason=(
-    "engine, older-torch path only: Tensor.__rtruediv__ is matched at the wrapper through "
-    "PYTHON_ALIASES ('__rtruediv__' -> div, FP32), so 1 / x is float32 there and bfloat16 on "
-    "torch >= 2.13, where the wrapper's body (reciprocal, then mul) is seen as Gaudi sees it."))
 def test_reverse_division_is_reciprocal_then_mul():
     # Tensor.__rtruediv__ is Python, `self.reciprocal() * other`: two ATen calls, as Gaudi's C++
     # autocast sees them too. reciprocal is FP32, then mul is on the lower list: bfloat16.

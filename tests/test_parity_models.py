@@ -18,7 +18,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _parity import differences
-from hpu_autocast import HpuAutocastMode, _compat, get_preset
+import dataclasses
+
+from hpu_autocast import HpuAutocastMode, get_preset
 from hpu_autocast._ops import op_base_name
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -132,14 +134,6 @@ def test_training_step_matches_native(name, dtype):
     a = _step(ours, x, HpuAutocastMode(dtype, policy="torch-cpu"))
     b = _step(native, x, torch.autocast("cpu", dtype=dtype))
     assert a[0].dtype == dtype  # the head is a linear: it really ran in lower precision
-    if not _compat.HAS_REDISPATCH and name in ("encoder", "embed_attention"):
-        # torch < 2.13: F.multi_head_attention_forward's body is invisible to the function mode,
-        # so its linear is cast after it decomposes (docs/design.md, Versions): dtypes exact,
-        # values to rounding.
-        for x, y in zip(a[:2] + tuple(a[2]), b[:2] + tuple(b[2])):
-            assert x.dtype == y.dtype
-            torch.testing.assert_close(x, y, rtol=5e-2, atol=5e-2)
-        return
     _assert_steps_equal(ours, native, a, b)
 
 
@@ -158,7 +152,7 @@ def test_a_policy_one_entry_off_is_caught():
     policy = get_preset("torch-cpu")
     table = {op: a for op, a in policy.table.items() if op_base_name(op) != "conv2d"}
     ours, native, x = _pair("cnn_batchnorm")
-    a = _step(ours, x, HpuAutocastMode(torch.bfloat16, policy=policy.replace_table(table, name="no-conv2d")))
+    a = _step(ours, x, HpuAutocastMode(torch.bfloat16, policy=dataclasses.replace(policy, table=table, name="no-conv2d")))
     b = _step(native, x, torch.autocast("cpu", dtype=torch.bfloat16))
     assert a[0].dtype == b[0].dtype
     with pytest.raises(AssertionError):
@@ -260,30 +254,13 @@ def _lstm_steps_without_onednn(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_lstm_without_onednn_is_close(dtype):
-    # Note: without oneDNN, aten::lstm runs its cells in C++ and calls at::linear from there.
-    # Native autocast casts at that at::linear entry (its AutocastCPU kernel sits in the C++
-    # dispatcher), which no Python mode can see: a TorchFunctionMode sees only Python-level
-    # calls, and our dispatch mode sees linear only after it has decomposed into t + addmm/mm
-    # below autograd. We cast those, so the same products run in the same dtype, but the
-    # rounding points differ (measured: ~1e-3 relative in the gradients). Hence dtypes exactly,
-    # values to rounding.
-    ours, native, (out, loss, grads), (rout, rloss, rgrads) = _lstm_steps_without_onednn(dtype)
-    assert out.dtype == rout.dtype == dtype and loss.dtype == rloss.dtype
-    torch.testing.assert_close(out, rout, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(loss, rloss, rtol=2e-2, atol=2e-2)
-    for (n, _), g, r in zip(ours.named_parameters(), grads, rgrads):
-        assert g.dtype == r.dtype, n
-        torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2, msg=lambda m: f"grad of {n}: {m}")
-    for (n, p), q in zip(ours.named_parameters(), native.parameters()):
-        torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-2, msg=lambda m: f"{n} after the SGD step: {m}")
-
-
-@pytest.mark.xfail(strict=True, reason="known limitation: at::linear called from C++ inside aten::lstm "
-                                       "is cast by native autocast at its entry, invisible to Python modes")
-def test_lstm_without_onednn_bit_for_bit():
-    # Tracks the limitation above: if it ever passes, tighten test_lstm_without_onednn_is_close.
-    ours, native, a, b = _lstm_steps_without_onednn(torch.bfloat16)
+def test_lstm_without_onednn_matches_native(dtype):
+    # Without oneDNN, aten::lstm runs its cells in C++ and calls at::linear from there. Native
+    # autocast casts at that at::linear entry, and so do the engine's kernels, which sit on an
+    # autocast key of their own (this was a known difference while the engine was a dispatch
+    # mode, which saw linear only after it had decomposed).
+    ours, native, a, b = _lstm_steps_without_onednn(dtype)
+    assert a[0].dtype == dtype
     _assert_steps_equal(ours, native, a, b)
 
 
@@ -305,8 +282,7 @@ def test_eval_forward_matches_native(name, dtype):
 
 
 def test_encoder_eval_forward_without_fast_path_matches_native():
-    # Locates the difference of the xfail below: with the fused path off for both, ours and
-    # native run the same Python code and agree bit for bit.
+    # With the fused path off for both, ours and native run the same Python code.
     ours, native, x = _pair("encoder")
     layer, ref_layer = ours.layer.eval(), native.layer.eval()
     fast = torch.backends.mha.get_fastpath_enabled()
@@ -319,24 +295,16 @@ def test_encoder_eval_forward_without_fast_path_matches_native():
                 ref = ref_layer(x)
     finally:
         torch.backends.mha.set_fastpath_enabled(fast)
-    if not _compat.HAS_REDISPATCH:
-        # torch < 2.13: F.multi_head_attention_forward's linear is cast after it decomposes, as in
-        # test_training_step_matches_native: dtype exact, values to rounding.
-        assert out.dtype == ref.dtype
-        torch.testing.assert_close(out, ref, rtol=5e-2, atol=5e-2)
-        return
     assert not differences(out, ref), differences(out, ref)
 
 
-@pytest.mark.xfail(strict=True, reason="engine: TransformerEncoderLayer's fast path is taken under "
-                                       "torch.autocast('cpu') but not under a TorchFunctionMode")
 def test_encoder_eval_forward_matches_native():
     # In eval mode under no_grad, nn.TransformerEncoderLayer.forward picks its fused fast path
     # (torch._transformer_encoder_layer_fwd) unless `torch.is_autocast_enabled()` (which asks
-    # about CUDA only, so CPU autocast does not stop it) or `has_torch_function(args)`, which is
-    # True whenever any TorchFunctionMode is active. So native runs the fused C++ kernel, whose
-    # internal at::_native_multi_head_attention/at::linear calls autocast lowers, and returns
-    # bfloat16; ours runs the Python slow path, whose last op is layer_norm, and returns float32.
+    # about CUDA only) or `has_torch_function(args)` (any TorchFunctionMode). The engine adds no
+    # Python mode, so ours takes the fused C++ kernel too, whose internal
+    # at::_native_multi_head_attention/at::linear calls both lower. (A strict xfail while the
+    # engine had a TorchFunctionMode: ours then ran the slow path and returned float32.)
     ours, native, x = _pair("encoder")
     layer, ref_layer = ours.layer.eval(), native.layer.eval()
     with torch.no_grad():

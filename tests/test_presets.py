@@ -7,6 +7,8 @@ from __future__ import annotations
 import pathlib
 import re
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,7 +196,8 @@ def test_op_runs_as_its_list_says(preset, name, kind, input_only):
 
         args = tree_map(mixed, args)
         control = tree_map(_to(torch.float32), args), kwargs
-    with HpuAutocastMode(torch.bfloat16, policy=preset):
+    # The tensors are on the CPU; each preset's lists are checked there, whatever its own device.
+    with HpuAutocastMode(torch.bfloat16, policy=preset, device_type="cpu"):
         out = _call(fn, args, kwargs)
     assert _equal(out, _call(fn, *control))
 
@@ -241,7 +244,7 @@ def test_hmp_O2_runs_gemms_in_bf16_and_the_rest_in_fp32():
 
 def test_torch_cuda_bans_binary_cross_entropy_by_name():
     p, t = torch.rand(3), torch.rand(3)
-    with HpuAutocastMode(torch.float16, policy="torch-cuda"):
+    with HpuAutocastMode(torch.float16, policy="torch-cuda", device_type="cpu"):
         with pytest.raises(RuntimeError, match="binary_cross_entropy_with_logits"):
             F.binary_cross_entropy(p, t)
         F.binary_cross_entropy_with_logits(p, t)  # the safe one runs
@@ -257,5 +260,19 @@ def test_bf16_only_presets_refuse_float16(preset):
 
 @pytest.mark.parametrize("preset", ["xpu", "torch-cuda", "torch-cpu"])
 def test_presets_taking_float16(preset):
-    with HpuAutocastMode(torch.float16, policy=preset):
+    with HpuAutocastMode(torch.float16, policy=preset, device_type="cpu"):
         assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == torch.float16
+
+
+@pytest.mark.parametrize("preset, device", [("torch-cpu", "cpu"), ("torch-cuda", "cuda"), ("xpu", "xpu")])
+def test_a_region_casts_tensors_of_its_presets_device_only(preset, device):
+    # As torch.autocast(device): tensors of other devices (here the CPU's, and meta) pass through.
+    mode = HpuAutocastMode(policy=preset)
+    assert mode.device_type == device
+    a, m = torch.randn(2, 2), torch.randn(2, 2, device="meta")
+    with mode:
+        cpu_out, meta_out = torch.mm(a, a), torch.mm(m, m)
+    with torch.autocast(device, dtype=torch.bfloat16) if device != "xpu" else contextlib.nullcontext():
+        native_cpu, native_meta = torch.mm(a, a), torch.mm(m, m)
+    assert cpu_out.dtype == native_cpu.dtype == (torch.bfloat16 if device == "cpu" else torch.float32)
+    assert meta_out.dtype == native_meta.dtype == torch.float32

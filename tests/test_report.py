@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpu_autocast import HpuAutocastMode, build_policy
-from hpu_autocast.report import PrecisionReport, Recorder, op_graph, record
+from hpu_autocast import PrecisionReport, Recorder, op_graph, record
 
 
 def _model():

@@ -18,22 +18,22 @@ DEMO = str(ROOT / "examples" / "report_demo.py")
 # The demo's training step, one step (see docs/report.md for the reading of each row).
 DEMO_REPORT = """\
 hpu_autocast precision report: policy hpu, dtype bf16
-op                                       action                dtypes                  calls  casts  cast bytes  FLOPs
-aten.uniform_.default                    ineligible: in-place  f32 -> f32                  4      0           0      -
-aten.linear.default                      lower                 f32,f32,f32 -> bf16         1      3         368   1280
-aten.relu.default                        not listed            bf16 -> bf16                1      0           0      -
-aten.linear.default                      lower                 bf16,f32,f32 -> bf16        1      2         136    640
-aten.cross_entropy_loss.default          fp32                  bf16,i64 -> f32             1      1          80      -
-aten.ones_like.default                   not listed            f32 -> f32                  1      0           0      -
-aten.nll_loss_backward.default           not listed            f32,f32,i64,f32 -> f32      1      0           0      -
-aten._log_softmax_backward_data.default  not listed            f32,f32 -> f32              1      0           0      -
-aten._to_copy.default                    not listed            f32 -> bf16                 1      0           0      -
-aten.mm.default                          lower                 bf16,bf16 -> bf16           3      0           0   2560
-aten.sum.dim_IntList                     not listed            bf16 -> bf16                2      0           0      -
-aten._to_copy.default                    not listed            bf16 -> f32                 4      0           0      -
-aten.threshold_backward.default          not listed            bf16,bf16 -> bf16           1      0           0      -
-aten.add_.Tensor                         first                 f32,f32 -> f32              4      0           0      -
-aten._local_scalar_dense.default         not listed            f32 -> f32                  1      0           0      -
+op                                       action      dtypes                  calls  casts  cast bytes  FLOPs
+aten.uniform_.default                    not listed  f32 -> f32                  4      0           0      -
+aten.linear.default                      lower       f32,f32,f32 -> bf16         1      3         368   1280
+aten.relu.default                        not listed  bf16 -> bf16                1      0           0      -
+aten.linear.default                      lower       bf16,f32,f32 -> bf16        1      2         136    640
+aten.cross_entropy_loss.default          fp32        bf16,i64 -> f32             1      1          80      -
+aten.ones_like.default                   not listed  f32 -> f32                  1      0           0      -
+aten.nll_loss_backward.default           not listed  f32,f32,i64,f32 -> f32      1      0           0      -
+aten._log_softmax_backward_data.default  not listed  f32,f32 -> f32              1      0           0      -
+aten._to_copy.default                    not listed  f32 -> bf16                 1      0           0      -
+aten.mm.default                          lower       bf16,bf16 -> bf16           3      0           0   2560
+aten.sum.dim_IntList                     not listed  bf16 -> bf16                2      0           0      -
+aten._to_copy.default                    not listed  bf16 -> f32                 4      0           0      -
+aten.threshold_backward.default          not listed  bf16,bf16 -> bf16           1      0           0      -
+aten.add_.Tensor                         first       f32,f32 -> f32              4      0           0      -
+aten._local_scalar_dense.default         not listed  f32 -> -                    1      0           0      -
 
 casts inserted: 6 (584 bytes)
 matmul/conv FLOPs: 4480 (bf16 100.0%)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import torch.nn.functional as F
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, build_policy
-from hpu_autocast.rules import compute_dtype, has_explicit_dtype, is_eligible
+from hpu_autocast.rules import PromoteError, compute_dtype, has_explicit_dtype, is_eligible as _is_eligible
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool]
 LOWER_DTYPES = [torch.bfloat16, torch.float16]
@@ -22,6 +22,18 @@ POLICY = build_policy("properties", lower=["mul", "maximum"], fp32=["atan2", "hy
 ACTIONS = {"mul": CastPolicy.LOWER, "maximum": CastPolicy.LOWER, "atan2": CastPolicy.FP32,
            "hypot": CastPolicy.FP32, "add": CastPolicy.PROMOTE, "sub": CastPolicy.PROMOTE}
 FLOAT_ONLY = {"atan2", "hypot"}  # no integer or bool kernels
+
+def is_eligible(t) -> bool:
+    return _is_eligible(t, "cpu")  # every tensor here is on the CPU, the regions' device
+
+
+def _target(action, eligible, lower):
+    """The rule's dtype for these eligible input dtypes, or PromoteError where the rule raises."""
+    try:
+        return compute_dtype(action, eligible, lower) if eligible else None
+    except PromoteError:
+        return PromoteError
+
 
 # Explicit per test (a profile loaded here would change every other module's hypothesis tests).
 FAST = settings(max_examples=60, deadline=None)
@@ -46,7 +58,9 @@ def _tensor(shape, dtype, seed):
 def _control(name, a, b, lower):
     """The hand-cast control: what the rule says the mode does, with no mode."""
     eligible = [t.dtype for t in (a, b) if is_eligible(t)]
-    target = compute_dtype(ACTIONS[name], eligible, lower) if eligible else None
+    target = _target(ACTIONS[name], eligible, lower)
+    if target is PromoteError:
+        return target
     cast = (lambda t: t.to(target) if target is not None and is_eligible(t) else t)
     return getattr(torch, name)(cast(a), cast(b))
 
@@ -62,9 +76,14 @@ def test_binary_op_follows_its_rule(name, shapes, da, db, lower, seed):
     if name == "sub" and torch.bool in (da, db):
         return  # torch refuses bool subtraction with or without a mode
     a, b = _tensor(shapes[0], da, seed), _tensor(shapes[1], db, seed + 1)
+    control = _control(name, a, b, lower)
+    if control is PromoteError:
+        # Promote met the other lower dtype before any float32: it raises, as native autocast does.
+        with HpuAutocastMode(lower, policy=POLICY), pytest.raises(PromoteError):
+            getattr(torch, name)(a, b)
+        return
     with HpuAutocastMode(lower, policy=POLICY):
         out = getattr(torch, name)(a, b)
-    control = _control(name, a, b, lower)
     assert out.dtype == control.dtype and torch.equal(out, control)
     eligible = [t.dtype for t in (a, b) if is_eligible(t)]
     if eligible and torch.float64 not in (da, db):
@@ -156,8 +175,9 @@ def test_hpu_preset_op_follows_its_seed_list(name, shapes, dtypes, seed):
         out = _outcome(fn, tensors)
     # The hand-cast control: each eligible input cast to the rule's dtype, no mode.
     eligible = [t.dtype for t in tensors if is_eligible(t)]
-    target = compute_dtype(action, eligible, torch.bfloat16) if eligible else None
-    control = _outcome(fn, [t.to(target) if target is not None and is_eligible(t) else t for t in tensors])
+    target = _target(action, eligible, torch.bfloat16)
+    control = target if target is PromoteError else _outcome(
+        fn, [t.to(target) if target is not None and is_eligible(t) else t for t in tensors])
     assert _same(out, control), (out, control)
     if not eligible:
         # Nothing eligible (integers, bool, float64 only): exactly the call with no mode.
@@ -198,8 +218,14 @@ def test_hpu_iadd_keeps_its_first_input_dtype(shapes, da, db, seed):
 def test_compute_dtype(dtypes, lower):
     assert compute_dtype(CastPolicy.LOWER, dtypes, lower) is lower
     assert compute_dtype(CastPolicy.FP32, dtypes, lower) is torch.float32
-    widest = functools.reduce(torch.promote_types, dtypes) if dtypes else None
-    assert compute_dtype(CastPolicy.PROMOTE, dtypes, lower) == widest
+    # Native autocast's promote: float32 wins; another lower dtype before any float32 raises.
+    before_f32 = dtypes[:dtypes.index(torch.float32)] if torch.float32 in dtypes else dtypes
+    if any(d is not lower for d in before_f32):
+        with pytest.raises(PromoteError, match="cannot promote"):
+            compute_dtype(CastPolicy.PROMOTE, dtypes, lower)
+    else:
+        widest = functools.reduce(torch.promote_types, dtypes) if dtypes else None
+        assert compute_dtype(CastPolicy.PROMOTE, dtypes, lower) == widest
     assert compute_dtype(CastPolicy.FIRST, dtypes, lower) == (dtypes[0] if dtypes else None)
 
 
@@ -217,4 +243,7 @@ def test_has_explicit_dtype(args, kw):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_eligibility(dtype):
-    assert is_eligible(torch.zeros(1, dtype=dtype)) == (dtype.is_floating_point and dtype is not torch.float64)
+    floating = dtype.is_floating_point and dtype is not torch.float64
+    assert _is_eligible(torch.zeros(1, dtype=dtype), "cpu") == floating
+    assert not _is_eligible(torch.zeros(1, dtype=dtype), "cuda")  # a tensor of another device
+    assert not _is_eligible(torch.zeros(1, dtype=dtype, device="meta"), "cpu")

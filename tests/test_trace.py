@@ -13,7 +13,7 @@ from torch.func import functional_call
 
 import hpu_autocast
 from hpu_autocast import HpuAutocastMode
-from hpu_autocast.trace import cast_nodes, trace
+from hpu_autocast import cast_nodes, trace
 
 POLICIES = ["torch-cpu", "hpu"]
 
@@ -124,12 +124,17 @@ def test_symbolic_trace_runs_at_other_shapes():
     assert len(cast_nodes(gm)) == 2 and torch.equal(gm(a, b), ref)
 
 
-def test_trace_inside_a_region_is_refused():
-    with HpuAutocastMode(policy="hpu"), pytest.raises(RuntimeError, match="outside the region"):
-        trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4))
-    # A disabled region pushes no modes, so tracing there is fine.
+def test_trace_inside_a_region_records_its_own_regions_casts():
+    # The engine sits above the tracer wherever the region is entered, so a trace inside another
+    # region records the casts of the trace's own region (the innermost), not the outer one's.
+    a, b = torch.randn(2, 3), torch.randn(3, 4)
+    outside = trace(mm_softmax, a, b, policy="hpu")
+    with HpuAutocastMode(torch.float16, policy="torch-cpu"):
+        inside = trace(mm_softmax, a, b, policy="hpu")
     with HpuAutocastMode(enabled=False):
-        assert cast_nodes(trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4)))
+        disabled = trace(mm_softmax, a, b, policy="hpu")
+    assert outside.code == inside.code == disabled.code
+    assert torch.equal(outside(a, b), inside(a, b))
 
 
 # -- values: the graph without the mode == eager under the mode ----------------------------------

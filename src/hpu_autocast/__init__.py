@@ -1,4 +1,4 @@
-"""hpu_autocast: mixed precision for PyTorch as a dispatch mode over an inspectable policy table.
+"""hpu_autocast: mixed precision for PyTorch over an inspectable op-overload policy table.
 
     >>> import torch, hpu_autocast
     >>> with hpu_autocast.HpuAutocastMode(dtype=torch.bfloat16):
@@ -7,20 +7,23 @@
     torch.bfloat16
 """
 
-from . import amp, checkpoint, hmp, hpu, report
+from . import amp, checkpoint, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
-from .compare import Comparison, compare
-from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled
+from .events import Event
+from .graphs import cast_nodes, trace
+from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
+from .numerics import Comparison, compare
+from .opgraph import op_graph
 from .policy import CastPolicy, Policy
 from .presets import build_policy, get_preset, preset_names
-from .report import PrecisionReport, Recorder, op_graph, record
+from .report import PrecisionReport, Recorder
 from .resolve import PolicyError, resolve
-from .trace import cast_nodes, trace
 
 __all__ = [
     "HpuAutocastMode",
     "CastPolicy",
     "Comparison",
+    "Event",
     "PrecisionReport",
     "Recorder",
     "Policy",
@@ -33,6 +36,7 @@ __all__ = [
     "custom_bwd",
     "custom_fwd",
     "disable_casts",
+    "events",
     "get_dtype",
     "get_policy",
     "get_preset",

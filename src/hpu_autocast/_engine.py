@@ -1,377 +1,491 @@
-"""The mechanism: one engine per thread, owning the region stack, the cast cache and the two
-private modes that apply the innermost region's policy.
+"""The mechanism: regions and frames (what casting reads in the current context), the kernel and
+fallback bodies that apply a rule to one call, and the cast cache.
 
-Data flow of one call (see docs/design.md for the long form)::
+Data flow of one call (docs/design.md has the long form)::
 
-    torch.mm(a, b)            -> _FunctionMode: rule for torch.mm? cast a, b above autograd,
-                                 call with the dispatch level suppressed
-      aten.mm.default(a', b') -> _DispatchMode: suppressed -> call through
-    (C++) at::mm(x, y)        -> _DispatchMode: rule for aten.mm.default? cast below autograd,
-                                 call, queue the outputs for the autograd bridge
+    torch.mm(a, b)       the thread's included key set has the ops key (a region is open), and
+                         aten.mm.default has a kernel there, so the dispatcher calls it
+    kernel(a, b)         the context's innermost frame; its rules[aten.mm.default]:
+                           none -> call on, with the ops key excluded (as if it were not there)
+                           LOWER -> exclude the keys, cast a and b (autograd records the casts),
+                                    call aten.mm, restore the keys, tell the observer
+    (C++) at::mm(x, y)   inside another composite (einsum -> bmm): the same, since the keys are
+                         only excluded inside ops this engine handled
+
+[Note: regions, frames, contexts]
+A ``Region`` is one entry of an ``HpuAutocastMode``. A ``Frame`` is what casting reads in one
+context: the innermost region and the on/off state and dtype that ``torch.autocast`` calls made
+inside it. Frames are immutable and linked to their parent; the context variable ``_FRAME``
+holds the innermost, so regions belong to the context that entered them: a thread, or an
+asyncio task (each task runs in a copy of its creator's context). Exiting a region closes it;
+frames of closed regions are skipped wherever they are still linked (another task's context, a
+generator closed late, an exit out of order), so an exit never leaves casting on anywhere.
 """
 
 from __future__ import annotations
 
 import threading
-import types
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from contextvars import ContextVar
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
-from torch import _C
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._ops import OpOverload
 
-from . import _bridge, _compat, _compile_hooks
-from ._table import DEFER, CompiledPolicy, OpRule
+from . import _compile_guard, _dispatch, _ops
+from ._table import CompiledPolicy, OpRule
+from .events import Cast, Event, Level, Outcome
 from .policy import CastPolicy
-from .rules import compute_dtype, has_explicit_dtype, is_eligible
+from .rules import compute_dtype, has_explicit_dtype
 
-__all__ = ["Region", "Engine", "engine_for_thread", "current_engine"]
+__all__ = ["Region", "Frame", "State", "current", "innermost", "enter", "exit", "replace_innermost", "GUARD"]
 
 _FLOAT32 = torch.float32
 _FLOAT64 = torch.float64
-_EMPTY: dict = {}
-_FunctionType = types.FunctionType
+_LOWER = CastPolicy.LOWER
+_FP32 = CastPolicy.FP32
 _Tensor = torch.Tensor
+_EMPTY: Dict[OpOverload, OpRule] = {}
+_set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
+_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_grad_enabled = torch.is_grad_enabled
 
 
 class Region:
-    """One entry of the region stack: what an ``HpuAutocastMode`` asked for."""
+    """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
 
-    __slots__ = ("compiled", "dtype", "enabled", "cache_enabled", "observer", "owns_modes")
+    __slots__ = ("compiled", "rules", "dtype", "device_type", "enabled", "cache_enabled", "observer",
+                 "observes", "cache", "owns_cache", "closed", "switch", "thread")
 
-    def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, enabled: bool,
-                 cache_enabled: bool, observer: Optional[Callable] = None) -> None:
+    def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
+                 enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None) -> None:
         self.compiled = compiled
+        self.rules = compiled.rules if enabled and compiled is not None else _EMPTY
         self.dtype = dtype
+        self.device_type = device_type
         self.enabled = enabled
         self.cache_enabled = cache_enabled
         self.observer = observer
-        self.owns_modes = False
+        #: Whether the fallback must see this region's calls (to observe them, or for defaults).
+        self.observes = enabled and (observer is not None or (compiled is not None and compiled.has_defaults))
+        self.cache: dict = {}
+        self.owns_cache = True
+        self.closed = False
+        self.switch: Optional[_dispatch.ThreadSwitch] = None
+        self.thread = 0
 
 
-class Engine:
-    """Per-thread state. The modes hold a reference to it, so autograd's worker threads, to
-    which torch propagates the mode stacks, read the same regions."""
+class Frame:
+    """The casting state of one context (immutable: replaced, never changed)."""
 
-    def __init__(self) -> None:
-        self.regions: List[Region] = []
-        self.region: Optional[Region] = None  # innermost enabled region, or None
-        # The innermost enabled region's tables, read first by the modes ({} when none).
-        self.functions: dict = _EMPTY
-        self.rules: dict = _EMPTY
-        self.cache: Dict[int, Tuple[_Tensor, _Tensor]] = {}
-        self.suppress = 0
-        self.pending: list = []
-        self.dispatch_mode = _DispatchMode(self)
-        self.function_mode = _FunctionMode(self)
-        self.modes_on = False
+    __slots__ = ("region", "parent", "enabled", "dtype", "rules")
 
-    # -- region stack -------------------------------------------------------------------
-    def push(self, region: Region) -> None:
-        if not _dynamo_prepared:
-            _prepare_dynamo()
-        self.regions.append(region)
-        self._set_region(region if region.enabled else None)
-        if region.enabled and not self.modes_on:
-            self.function_mode.__enter__()
-            try:
-                self.dispatch_mode.__enter__()
-            except BaseException:
-                self.function_mode.__exit__(None, None, None)
-                raise
-            self.modes_on = region.owns_modes = True
-
-    def pop(self, region: Region) -> None:
-        if not self.regions or self.regions[-1] is not region:
-            raise RuntimeError("hpu_autocast: regions must be exited in the reverse order they were entered")
-        self.regions.pop()
-        if self.pending:
-            self.flush()
-        if region.owns_modes:
-            # Note: exit even if a mode raises, so no state is left behind.
-            self.modes_on = False
-            try:
-                self.dispatch_mode.__exit__(None, None, None)
-            finally:
-                self.function_mode.__exit__(None, None, None)
-        top = self.regions[-1] if self.regions else None
-        self._set_region(top if top is not None and top.enabled else None)
-        if not self.regions:
-            # As torch.autocast: the cast cache lives as long as the outermost region.
-            self.cache.clear()
-            self.pending.clear()
-
-    def _set_region(self, region: Optional[Region]) -> None:
+    def __init__(self, region: Region, parent: Optional["Frame"], enabled: bool, dtype: torch.dtype) -> None:
         self.region = region
-        self.functions = region.compiled.function if region is not None else _EMPTY
-        self.rules = region.compiled.dispatch if region is not None else _EMPTY
+        self.parent = parent
+        self.enabled = enabled
+        self.dtype = dtype
+        self.rules = region.rules if enabled else _EMPTY
 
-    def flush(self) -> None:
-        pending, self.pending = self.pending, []
-        _bridge.attach(pending)
+    def __repr__(self) -> str:
+        policy = self.region.compiled.policy.name if self.region.compiled is not None else None
+        return f"Frame(policy={policy}, dtype={self.dtype}, device={self.region.device_type}, enabled={self.enabled})"
 
-    # -- casting ------------------------------------------------------------------------
-    def cast_args(self, rule: OpRule, args: tuple, kwargs: dict, region: Region, above_autograd: bool,
-                  positions: Optional[Dict[str, int]] = None):
-        """Cast the eligible tensors of one call. Returns ``(args, kwargs, dtype, casts)``, where
-        ``casts`` lists ``(original, copy)`` pairs, or ``None`` when the call is not eligible."""
-        if has_explicit_dtype(args, kwargs):
-            return None
-        protected = rule.protected
-        pnames = rule.protected_names
-        if positions is not None and pnames:
-            protected = frozenset(positions[n] for n in pnames if n in positions)
-        input_only = rule.input_only and rule.casts_input_only(args)
-        action = rule.action
-        input_key = None
-        if input_only and not args:
-            # An input-only op called with its input by keyword (torch.layer_norm(input=x, ...)).
-            input_key = next((k for k in ("input", "self") if k in kwargs), None)
-        if action is CastPolicy.LOWER:
-            target = region.dtype
-        elif action is CastPolicy.FP32:
-            target = _FLOAT32
-        else:
-            target = self._widest(rule, args, kwargs, protected, pnames, input_only, input_key, region)
-            if target is None:
-                return args, kwargs, None, ()
-        casts: list = []
-        cache = self.cache if region.cache_enabled and target is region.dtype else None
 
-        def cast(t):
-            dt = t.dtype
-            if dt is target or not t.is_floating_point() or dt is _FLOAT64:
-                return t
-            if cache is not None:
-                hit = cache.get(id(t))
-                if hit is not None and hit[0] is t:
-                    casts.append((t, hit[1]))
-                    return hit[1]
-            c = t.to(target)
-            # As native autocast: cache casts of float32 leaves that require grad (weights),
-            # and only above autograd, where the copy carries its ToCopyBackward.
-            # Under no_grad the copy has no ToCopyBackward: caching it would starve a later
-            # use with grad enabled of the weight's gradient.
-            if (cache is not None and above_autograd and dt is _FLOAT32 and t.requires_grad
-                    and t.is_leaf and not t._is_view() and torch.is_grad_enabled()):
-                cache[id(t)] = (t, c)
-            casts.append((t, c))
-            return c
+_FRAME: ContextVar[Optional[Frame]] = ContextVar("hpu_autocast_frame", default=None)
+_get_frame = _FRAME.get
 
+# Autograd runs backward on worker threads of its own (CUDA), which start with an empty context
+# but inherit the caller's thread-local state, torch's Python objects stashed there included
+# (``ThreadLocalState``). The innermost frame is stashed there too, with the thread it belongs
+# to, so a backward run inside a region casts there as it would in the region's thread.
+_stash = getattr(torch._C, "_stash_obj_in_tls", None)
+_stashed = getattr(torch._C, "_get_obj_in_tls", None)
+_has_stash = getattr(torch._C, "_is_key_in_tls", None)
+_STASH_KEY = "hpu_autocast.frame"
+
+
+def _set_frame(frame: Optional[Frame]) -> None:
+    _FRAME.set(frame)
+    if _stash is not None:
+        _stash(_STASH_KEY, (threading.get_ident(), frame))
+
+
+def _open(frame: Optional[Frame]) -> Optional[Frame]:
+    while frame is not None and frame.region.closed:
+        frame = frame.parent
+    return frame
+
+
+def _inherited() -> Optional[Frame]:
+    # Only in another thread than the frame's own: in its own thread, the context decides.
+    if _has_stash is None or not _has_stash(_STASH_KEY):
+        return None
+    thread, frame = _stashed(_STASH_KEY)
+    return _open(frame) if thread != threading.get_ident() else None
+
+
+def innermost() -> Optional[Frame]:
+    """The calling context's innermost frame of an open region, or ``None``. The one accessor of
+    the engine's state: the mode's queries, ``amp``, ``checkpoint`` and the torch-autocast
+    interplay all ask this."""
+    frame = _get_frame()
+    if frame is None:
+        return _inherited()
+    return _open(frame) if frame.region.closed else frame
+
+
+class State(NamedTuple):
+    """The calling context's casting state, as the rest of the package sees it."""
+
+    enabled: bool
+    policy: object = None                 #: the innermost region's ``Policy`` (``None``: off)
+    dtype: Optional[torch.dtype] = None
+    device_type: Optional[str] = None
+    cache_enabled: bool = True
+
+
+OFF = State(False)
+
+
+def current() -> State:
+    """The innermost region's state in the calling context (``OFF`` outside any enabled one)."""
+    frame = innermost()
+    if frame is None or not frame.enabled:
+        return OFF
+    region = frame.region
+    return State(True, region.compiled.policy, frame.dtype, region.device_type, region.cache_enabled)
+
+
+# -- regions ----------------------------------------------------------------------------------
+def _keys() -> _dispatch.Keys:
+    return _dispatch.keys(_make_kernel, _make_fallback)
+
+
+def enter(region: Region) -> None:
+    """Open ``region`` in the calling context: it becomes the innermost frame."""
+    k = _keys()
+    if region.compiled is not None and region.enabled:
+        k.register(region.compiled.rules)
+    if region.observes:
+        k.prepare_fallback()
+    parent = innermost()
+    if parent is not None:
+        # As torch.autocast: one cast cache for the outermost region and all nested in it.
+        region.cache = parent.region.cache
+        region.owns_cache = False
+    region.switch = switch = _dispatch.thread_switch()
+    region.thread = threading.get_ident()
+    switch.ops += 1
+    if region.observes:
+        switch.all += 1
+    switch.sync(k)
+    _set_frame(Frame(region, parent, region.enabled, region.dtype))
+
+
+def exit(region: Region) -> None:
+    """Close ``region``. Out of order or from another context, it is closed all the same (frames
+    of closed regions are skipped); from another thread, it is closed and ``RuntimeError`` says so."""
+    if region.closed:
+        raise RuntimeError("this region was already exited")
+    region.closed = True
+    switch = region.switch
+    switch.ops -= 1
+    if region.observes:
+        switch.all -= 1
+    if region.owns_cache:
+        region.cache.clear()
+    here = threading.get_ident()
+    if region.thread != here:
+        raise RuntimeError(
+            f"hpu_autocast: a region entered in thread {region.thread} was exited from another thread "
+            f"({here}); it is closed now, but regions are per thread, like torch.autocast: exit a region "
+            "in the thread that entered it")
+    switch.sync(_keys())
+    frame = _get_frame()
+    if frame is not None and frame.region is region:
+        _set_frame(_open(frame.parent))
+
+
+def replace_innermost(enabled: bool, dtype: torch.dtype) -> None:
+    """Change the innermost frame's on/off state and dtype for the calling context (what
+    ``torch.autocast`` inside a region does; see ``_torch_autocast``)."""
+    frame = innermost()
+    if frame is not None:
+        _set_frame(Frame(frame.region, frame.parent, enabled, dtype))
+
+
+class _GuardToken:
+    """The innermost region's state as one string: what compiled frames are guarded on."""
+
+    __slots__ = ()
+
+    @property
+    def token(self) -> str:
+        frame = innermost()
+        if frame is None:
+            return ""
+        region = frame.region
+        key = region.compiled.key if region.compiled is not None else "-"
+        return f"{key}|{frame.dtype}|{region.device_type}|{frame.enabled}"
+
+
+GUARD = _GuardToken()
+
+
+# -- one call ---------------------------------------------------------------------------------
+def _make_kernel(op: OpOverload) -> Callable:
+    """The kernel registered on the ops key for ``op``."""
+    ops_key = _dispatch._keys.ops
+
+    def kernel(*args, **kwargs):
+        if _compile_guard.tracing():
+            _compile_guard.install()
+        frame = _get_frame()
+        if frame is None or frame.region.closed:
+            frame = innermost()
+        if frame is not None:
+            rule = frame.rules.get(op)
+            if rule is not None:
+                return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
+        # Not this region's op: on, as if this key had no kernel for it.
+        return _pass_on(op, args, kwargs, ops_key)
+
+    kernel.__name__ = kernel.__qualname__ = f"hpu_autocast_kernel[{op}]"
+    return kernel
+
+
+def _make_fallback(op: OpOverload) -> Callable:
+    """The fallback's kernel for ``op`` on the second key."""
+
+    def fallback(*args, **kwargs):
+        return _fallback(op, args, kwargs)
+
+    fallback.__name__ = fallback.__qualname__ = f"hpu_autocast_fallback[{op}]"
+    return fallback
+
+
+def _fallback(op: OpOverload, args: tuple, kwargs: dict):
+    """The fallback on the second key: ops no kernel handled, seen by observing regions and by
+    policies with defaults for ops on no list. A composite is passed on below the engine's keys
+    with nothing excluded: it decomposes, and its insides come back here, op by op, as they do
+    to native autocast (a policy default applied at the composite would swallow the listed ops
+    inside it, HMP's nll_loss inside nll_loss_nd)."""
+    all_key = _dispatch._keys.all
+    frame = innermost()
+    if frame is not None and frame.enabled and not _ops.is_composite(op):
+        region = frame.region
+        compiled = region.compiled
+        if compiled.has_defaults:
+            rule = compiled.default_rule(op)
+            if rule is not None:
+                return _apply(frame, rule, op, args, kwargs, Level.FALLBACK)
+        if region.observer is not None:
+            # The op's own C++ calls are its insides: not reported (they still reach the kernels).
+            _set_excluded(all_key, True)
+            try:
+                out = op._op(*args, **kwargs)
+            finally:
+                _set_excluded(all_key, False)
+            inputs = _dtypes(args, kwargs)
+            if any(d.is_floating_point for d in inputs) and not _ops.is_view(op):
+                _notify(region.observer, Event(op, Level.FALLBACK, Outcome.UNLISTED, None, None, None, inputs,
+                                               _first_floating(out), (), args, kwargs))
+            return out
+    return _pass_on(op, args, kwargs, all_key)
+
+
+_NATIVE_AUTOCAST = tuple(getattr(torch._C.DispatchKey, name) for name in (
+    "AutocastCPU", "AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastHPU")
+    if hasattr(torch._C.DispatchKey, name))
+
+
+def _pass_on(op: OpOverload, args: tuple, kwargs: dict, *keys) -> object:
+    """Run ``op`` as if ``keys`` had no kernel for it (as a fallthrough would).
+
+    A composite decomposes right here, so its insides dispatch as usual and may reach the
+    engine's kernels (HMP's nll_loss inside nll_loss_nd); any other op runs with ``keys``
+    excluded. (Redispatching below the keys would do both, but a boxed redispatch refuses the
+    Python numbers a kernel receives for wrapped scalars: ``x / 3``.) Where a native autocast
+    key is on, a composite may have a kernel there, which decomposing would skip: then it runs
+    with ``keys`` excluded too."""
+    if _ops.is_composite(op) and all(_is_excluded(k) for k in _NATIVE_AUTOCAST):
+        return op.decompose(*args, **kwargs)
+    before = [_is_excluded(k) for k in keys]
+    for k in keys:
+        _set_excluded(k, True)
+    try:
+        return op._op(*args, **kwargs)
+    finally:
+        for k, was in zip(keys, before):
+            _set_excluded(k, was)
+
+
+def _notify(observer: Callable[[Event], None], event: Event) -> None:
+    """Call the observer with the engine's keys off: its own torch calls are not the user's."""
+    k = _dispatch._keys
+    ops_off, all_off = _is_excluded(k.ops), _is_excluded(k.all)
+    _set_excluded(k.ops, True)
+    _set_excluded(k.all, True)
+    try:
+        observer(event)
+    finally:
+        _set_excluded(k.ops, ops_off)
+        _set_excluded(k.all, all_off)
+
+
+def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
+    """Apply ``rule`` to one call: decide the dtype, cast, call, report."""
+    region = frame.region
+    dev = region.device_type
+    if has_explicit_dtype(args, kwargs):
+        return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
+    input_only = rule.input_only and rule.casts_input_only(dev)
+    protected = rule.protected
+    action = rule.action
+    # One pass over the inputs: which are on the region's device, and their eligible dtypes.
+    on_device = False
+    dtypes = []
+    for i, a in enumerate(args):
+        if i in protected and action is not CastPolicy.FIRST:
+            continue
+        if isinstance(a, _Tensor):
+            if a.is_floating_point() and a.device.type == dev:
+                on_device = True
+                if a.dtype is not _FLOAT64:
+                    dtypes.append(a.dtype)
+            if input_only:
+                break
+        elif isinstance(a, (list, tuple)):
+            for t in a:
+                if isinstance(t, _Tensor) and t.is_floating_point() and t.device.type == dev:
+                    on_device = True
+                    if t.dtype is not _FLOAT64:
+                        dtypes.append(t.dtype)
+    if not input_only:
+        for name, v in kwargs.items():
+            if isinstance(v, _Tensor) and v.is_floating_point() and v.device.type == dev:
+                on_device = True
+                if v.dtype is not _FLOAT64:
+                    dtypes.append(v.dtype)
+    if not on_device:
+        # Native autocast's kernel is reached only through a tensor of its device: as if the
+        # engine were not there (no event).
+        k = _dispatch._keys
+        return _pass_on(op, args, kwargs, k.ops, k.all)
+    if rule.banned is not None:
+        raise RuntimeError(f"{rule.name}: {rule.banned}")
+    if not dtypes:  # every floating input on the device is float64
+        return _unchanged(frame, rule, op, args, kwargs, level, "float64")
+    if action is _LOWER:
+        target = frame.dtype
+    elif action is _FP32:
+        target = _FLOAT32
+    else:
+        target = compute_dtype(action, dtypes, frame.dtype, rule.name)
+    observer = region.observer
+    casts = [] if observer is not None else None
+    k = _dispatch._keys
+    all_on = not _is_excluded(k.all)
+    _set_excluded(k.ops, True)
+    if all_on:
+        _set_excluded(k.all, True)
+    try:
+        cache = region.cache if region.cache_enabled and target is frame.dtype else None
         new_args = list(args)
         for i, a in enumerate(args):
             if i in protected:
                 continue
             if isinstance(a, _Tensor):
-                new_args[i] = cast(a)
+                new_args[i] = _cast(a, target, dev, cache, casts, rule.arg_names[i])
+                if input_only:
+                    break
             elif isinstance(a, list):
-                new_args[i] = [cast(t) if isinstance(t, _Tensor) else t for t in a]
+                new_args[i] = [_cast(t, target, dev, cache, casts, f"{rule.arg_names[i]}[{j}]")
+                               if isinstance(t, _Tensor) else t for j, t in enumerate(a)]
             elif isinstance(a, tuple):
-                new_args[i] = tuple(cast(t) if isinstance(t, _Tensor) else t for t in a)
-            if input_only:
-                break
+                new_args[i] = tuple(_cast(t, target, dev, cache, casts, f"{rule.arg_names[i]}[{j}]")
+                                    if isinstance(t, _Tensor) else t for j, t in enumerate(a))
         new_kwargs = kwargs
-        if input_key is not None and isinstance(kwargs[input_key], _Tensor):
-            new_kwargs = {**kwargs, input_key: cast(kwargs[input_key])}
         if kwargs and not input_only:
-            new_kwargs = {k: (cast(v) if isinstance(v, _Tensor) and k not in pnames else v) for k, v in kwargs.items()}
-        return tuple(new_args), new_kwargs, target, casts
-
-    @staticmethod
-    def _widest(rule: OpRule, args: tuple, kwargs: dict, protected, pnames, input_only: bool,
-                input_key: Optional[str], region: Region) -> Optional[torch.dtype]:
-        """PROMOTE's and FIRST's target: from the dtypes of all the eligible inputs."""
-        dtypes = []
-        # A written argument is never replaced, but under FIRST it still is the first input:
-        # HPU's iadd keeps the dtype of `self` and casts the others to it.
-        first = rule.action is CastPolicy.FIRST
-        for i, a in enumerate(args):
-            if i in protected and not first:
-                continue
-            if type(a) is _Tensor or isinstance(a, _Tensor):
-                if is_eligible(a):
-                    dtypes.append(a.dtype)
-            elif isinstance(a, (list, tuple)):
-                dtypes.extend(t.dtype for t in a if is_eligible(t))
-            if input_only:
-                break
-        if input_key is not None and is_eligible(kwargs[input_key]):
-            dtypes.append(kwargs[input_key].dtype)
-        if not input_only:
-            for k, v in kwargs.items():
-                if k not in pnames and is_eligible(v):
-                    dtypes.append(v.dtype)
-        return compute_dtype(rule.action, dtypes, region.dtype)
-
-
-def _observe(region: Region, level: str, rule: Optional[OpRule], func: Any, reason: str,
-             args: tuple, kwargs: dict, target: Optional[torch.dtype]) -> None:
-    # The observer may run torch ops of its own (shape math, FLOP formulas): not the user's.
-    engine = engine_for_thread()
-    engine.suppress += 1
-    try:
-        region.observer(level, rule, func, reason, args, kwargs, target)
+            new_kwargs = {n: (_cast(v, target, dev, cache, casts, n) if isinstance(v, _Tensor) else v)
+                          for n, v in kwargs.items()}
+        out = op._op(*new_args, **new_kwargs)
+        if observer is not None:
+            observer(Event(op, level, Outcome.CAST, action, rule.default, None, _dtypes(args, kwargs),
+                           target, tuple(casts), args, kwargs))
+        return out
     finally:
-        engine.suppress -= 1
+        _set_excluded(k.ops, False)
+        if all_on:
+            _set_excluded(k.all, False)
 
 
-class _FunctionMode(TorchFunctionMode):
-    """Applies the policy above autograd to calls it can map to an op in the table."""
-
-    def __init__(self, engine: Engine) -> None:
-        super().__init__()
-        self.engine = engine
-        # Python-level functions being re-entered, to stop at their second hop (see below).
-        self._reentered: List[Callable] = []
-
-    def __torch_function__(self, func, types_, args=(), kwargs=None):
-        # Note: the hot path. Most calls are of ops the policy leaves alone: one dict lookup,
-        # then the call.
-        engine = self.engine
-        if engine.pending:
-            engine.flush()
-        frule = engine.functions.get(func)
-        if frule is None:
-            if type(func) is _FunctionType and _compat.HAS_REDISPATCH and not engine.suppress \
-                    and func not in self._reentered and engine.region is not None:
-                # A Python-level function (F.cross_entropy, Tensor.__rpow__): run its body with
-                # this mode still active, so the builtins it calls are seen.
-                # Note: some bodies (Tensor.unflatten) call their C base, which reports the same
-                # Python function again; that second hop runs plainly, or it would recurse.
-                self._reentered.append(func)
-                try:
-                    with self:
-                        return _compat.redispatch(func, types_, args, kwargs or {})
-                finally:
-                    self._reentered.pop()
-            return func(*args, **kwargs) if kwargs else func(*args)
-        kwargs = kwargs or {}
-        region = engine.region
-        if engine.suppress:
-            return func(*args, **kwargs)
-        rule = frule.select(args, kwargs)
-        if rule is None or rule is DEFER:
-            if region.observer is not None and rule is None:
-                _observe(region, "function", None, func, "out=" if kwargs.get("out") is not None else "not listed", args, kwargs, None)
-            return func(*args, **kwargs)
-        return _run(engine, region, rule, func, args, kwargs, "function", frule.positions)
+def _cast(t: torch.Tensor, target: torch.dtype, dev: str, cache: Optional[dict], casts: Optional[list],
+          arg: str) -> torch.Tensor:
+    dt = t.dtype
+    if dt is target or dt is _FLOAT64 or not t.is_floating_point() or t.device.type != dev:
+        return t
+    if cache is not None and dt is _FLOAT32 and t.requires_grad and t.is_leaf and not t._is_view():
+        key = (id(t), target)
+        hit = cache.get(key)
+        if hit is not None and hit[0] is t:
+            if casts is not None:
+                casts.append(Cast(arg, dt, target, hit[1].numel() * target.itemsize, True, t))
+            return hit[1]
+        c = t.to(target)
+        # Only copies that carry their ToCopyBackward: one made under no_grad would starve a
+        # later use with grad enabled of the weight's gradient (native autocast caches it anyway).
+        if _grad_enabled():
+            cache[key] = (t, c)
+    else:
+        c = t.to(target)
+    if casts is not None:
+        casts.append(Cast(arg, dt, target, c.numel() * target.itemsize, False, t))
+    return c
 
 
-class _DispatchMode(TorchDispatchMode):
-    """Applies the policy, by exact overload, to ATen calls the function mode did not handle."""
-
-    def __init__(self, engine: Engine) -> None:
-        super().__init__()
-        self.engine = engine
-
-    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        engine = self.engine
-        rule = engine.rules.get(func)
-        if rule is None:
-            region = engine.region
-            if region is None or engine.suppress:
-                return func._op(*args, **kwargs) if kwargs else func._op(*args)
-            if engine.pending:
-                engine.flush()
-            compiled = region.compiled
-            if compiled.has_defaults:
-                rule = compiled.default_rule(func)
-            if rule is None:
-                if region.observer is not None:
-                    _observe(region, "dispatch", None, func, "not listed", args, kwargs or {}, None)
-                return func._op(*args, **kwargs) if kwargs else func._op(*args)
-        elif engine.suppress:
-            return func._op(*args, **kwargs) if kwargs else func._op(*args)
-        else:
-            region = engine.region
-            if engine.pending:
-                engine.flush()
-        return _run(engine, region, rule, func, args, kwargs or {}, "dispatch", None)
+def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,
+               reason: str):
+    """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
+    its own."""
+    k = _dispatch._keys
+    all_on = not _is_excluded(k.all)
+    _set_excluded(k.ops, True)
+    if all_on:
+        _set_excluded(k.all, True)
+    try:
+        out = op._op(*args, **kwargs)
+        observer = frame.region.observer
+        if observer is not None:
+            observer(Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, reason,
+                           _dtypes(args, kwargs), _first_floating(out), (), args, kwargs))
+        return out
+    finally:
+        _set_excluded(k.ops, False)
+        if all_on:
+            _set_excluded(k.all, False)
 
 
-# [Note: Dynamo and our handlers]
-# Our handlers run with our dispatch mode popped, so if a torch.compile'd function is running
-# (its frame evaluation callback is set) Dynamo would try to compile them, and the Python
-# helpers they call. TorchDispatchMode guards against that by wrapping every subclass's
-# __torch_dispatch__ in torch._dynamo.disable, a microsecond or more per call (measured 0.7 us
-# on an idle AMD EPYC core). Instead, the handlers' code objects are marked once to be skipped
-# by Dynamo, recursively: the same effect, at no cost per call. Where torch has no such marking
-# (torch._dynamo.types.FrameExecStrategy: 2.9 has it, 2.6 not), the wrapper stays.
-_dynamo_prepared = False
-_RAW_DISPATCH = getattr(_DispatchMode.__dict__["__torch_dispatch__"], "__wrapped__",
-                        _DispatchMode.__dict__["__torch_dispatch__"])
+def _dtypes(args: tuple, kwargs: dict) -> tuple:
+    """Tensor inputs' dtypes in argument order, lists flattened, ``out=`` excluded."""
+    out = []
+    for a in args:
+        if isinstance(a, _Tensor):
+            out.append(a.dtype)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t.dtype for t in a if isinstance(t, _Tensor))
+    for n, v in kwargs.items():
+        if n != "out" and isinstance(v, _Tensor):
+            out.append(v.dtype)
+    return tuple(out)
 
 
-def _prepare_dynamo() -> None:
-    global _dynamo_prepared
-    _dynamo_prepared = True
-    if _compile_hooks.skip_recursively(_RAW_DISPATCH, _FunctionMode.__torch_function__, _bridge.attach):
-        _DispatchMode.__torch_dispatch__ = _RAW_DISPATCH
-
-
-def _pop_ours(engine: Engine):
-    """Pop our dispatch mode off torch's stack if it is on top; return it (or ``None``).
-
-    A call handled at the function level, its casts included, must run as it would with no
-    mode at all: the mere presence of a Python dispatch mode changes some kernels' paths
-    (``isTensorSubclassLike`` is true, so ``linalg_svdvals`` computes U and V and rounds
-    differently), and skipping the mode saves a Python round trip per cast and inner op. If
-    another mode was pushed above ours (a tracer, a FLOP counter), ours stays, suppressed."""
-    n = _C._len_torch_dispatch_stack()
-    if n and _C._get_dispatch_stack_at(n - 1) is engine.dispatch_mode:
-        return _C._pop_torch_dispatch_stack(None)
+def _first_floating(out) -> Optional[torch.dtype]:
+    if isinstance(out, _Tensor):
+        return out.dtype if out.is_floating_point() else None
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            d = _first_floating(o)
+            if d is not None:
+                return d
     return None
-
-
-def _run(engine: Engine, region: Region, rule: OpRule, func, args: tuple, kwargs: dict, level: str,
-         positions: Optional[Dict[str, int]]):
-    """Cast one call by ``rule`` and run it with the policy suppressed for its body."""
-    if rule.banned is not None:
-        raise RuntimeError(f"{rule.name}: {rule.banned}")
-    above = level == "function"
-    popped = _pop_ours(engine) if above else None
-    engine.suppress += 1
-    try:
-        cast = engine.cast_args(rule, args, kwargs, region, above, positions)
-        if cast is None:
-            if region.observer is not None:
-                _observe(region, level, rule, func, "explicit dtype", args, kwargs, None)
-            return func(*args, **kwargs)
-        new_args, new_kwargs, target, casts = cast
-        if region.observer is not None:
-            _observe(region, level, rule, func, str(rule.action), args, kwargs, target)
-        out = func(*new_args, **new_kwargs)
-    finally:
-        engine.suppress -= 1
-        if popped is not None:
-            _C._push_on_torch_dispatch_stack(popped)
-    if not above and casts and torch.is_grad_enabled():
-        _queue_bridge(engine, args, kwargs, out, casts, target)
-    return out
-
-
-def _queue_bridge(engine: Engine, args, kwargs, out, casts, target) -> None:
-    if not any(isinstance(a, _Tensor) and a.requires_grad for a in args) and not any(
-        isinstance(v, _Tensor) and v.requires_grad for v in kwargs.values()
-    ) and not any(isinstance(a, (list, tuple)) and any(isinstance(t, _Tensor) and t.requires_grad for t in a) for a in args):
-        return
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    outs = [o for o in outs if isinstance(o, _Tensor)]
-    if outs:
-        engine.pending.append((outs, {id(orig): (orig, target) for orig, _ in casts}))
-
-
-_tls = threading.local()
-
-
-def engine_for_thread() -> Engine:
-    """This thread's engine, created on first use."""
-    engine = getattr(_tls, "engine", None)
-    if engine is None:
-        engine = _tls.engine = Engine()
-    return engine
-
-
-def current_engine() -> Optional[Engine]:
-    return getattr(_tls, "engine", None)

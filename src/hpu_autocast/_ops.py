@@ -30,14 +30,6 @@ PARAMS_FOLLOW_INPUT = frozenset({"layer_norm", "native_layer_norm", "group_norm"
 MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
 
 
-def first_device_type(args: tuple) -> str:
-    """The device type of the first tensor argument ("cpu" when there is none)."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a.device.type
-    return "cpu"
-
-
 def overloads(packet: OpOverloadPacket) -> Iterator[OpOverload]:
     """The overloads of ``packet`` that exist in the dispatcher (TorchScript-only ones such as
     ``aten::mul.left_t`` are skipped)."""
@@ -59,6 +51,7 @@ def _takes_tensors(op: OpOverload) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
 def is_composite(op: OpOverload) -> bool:
     """True when ``op`` decomposes above autograd, before a dispatch mode sees it."""
     return has_kernel(op, "CompositeImplicitAutograd")
@@ -80,10 +73,18 @@ def is_functional(op: OpOverload) -> bool:
     return not op._schema.is_mutable
 
 
-def requires_dtype(op: OpOverload) -> bool:
-    """True when every call of the overload passes a dtype (``aten.mm.dtype``'s ``out_dtype``):
-    such a call has an explicit dtype, so it is never eligible, whatever the policy says."""
-    return any(str(getattr(a, "real_type", a.type)) == "ScalarType" and not a.kwarg_only for a in op._schema.arguments)
+@functools.lru_cache(maxsize=None)
+def is_view(op: OpOverload) -> bool:
+    """True for ops that neither compute nor cast, only re-describe a tensor: views (an output
+    aliases an input it does not write: ``t``, ``view``, ``detach``) and in-place views
+    (``detach_``, ``t_``, ``squeeze_``: tagged ``inplace_view``). Other in-place ops return a
+    written ``Tensor(a!)`` and compute."""
+    if _INPLACE_VIEW is not None and _INPLACE_VIEW in op.tags:
+        return True
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+
+
+_INPLACE_VIEW = getattr(torch.Tag, "inplace_view", None)
 
 
 def op_base_name(op: OpOverload) -> str:
@@ -100,15 +101,6 @@ def written_positions(op: OpOverload) -> tuple:
         if (a.alias_info is not None and a.alias_info.is_write) or a.name in unmarked:
             out.append((i, a.name))
     return tuple(out)
-
-
-def qualified_name(op: OpOverload) -> str:
-    """``aten.addmm.default`` spelled as Python does."""
-    return str(op)
-
-
-def packet_of(op: OpOverload) -> OpOverloadPacket:
-    return op.overloadpacket
 
 
 def find_packet(namespace: str, name: str) -> Optional[OpOverloadPacket]:

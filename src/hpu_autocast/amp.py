@@ -18,43 +18,28 @@ and backward/recomputation would count its ops twice.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import torch
 
+from ._engine import OFF, State, current
 from .mode import HpuAutocastMode
 
-__all__ = ["State", "current_state", "custom_fwd", "custom_bwd"]
-
-
-class State(NamedTuple):
-    """What a thread's casting looks like at one moment: off, or a policy and dtype."""
-
-    enabled: bool
-    policy: object = None  # Policy when enabled
-    dtype: Optional[torch.dtype] = None
-    cache_enabled: bool = True
-
-    def mode(self) -> HpuAutocastMode:
-        """A fresh region that reproduces this state (``enabled=False`` when it was off)."""
-        if not self.enabled:
-            return HpuAutocastMode(enabled=False)
-        return HpuAutocastMode(self.dtype, policy=self.policy, cache_enabled=self.cache_enabled)
-
-
-_OFF = State(False)
+__all__ = ["State", "current_state", "region_for", "custom_fwd", "custom_bwd"]
 
 
 def current_state() -> State:
-    """This thread's casting state: the innermost enabled region's policy and dtype, or off."""
-    # Note: reads the engine's region; there is no public accessor for the region's policy.
-    from ._engine import current_engine
+    """The calling context's casting state: the innermost enabled region's policy, dtype, device
+    and cache setting, or off."""
+    return current()
 
-    engine = current_engine()
-    region = engine.region if engine is not None else None
-    if region is None or region.compiled is None:
-        return _OFF
-    return State(True, region.compiled.policy, region.dtype, region.cache_enabled)
+
+def region_for(state: State) -> HpuAutocastMode:
+    """A fresh region that reproduces ``state`` (``enabled=False`` when it was off)."""
+    if not state.enabled:
+        return HpuAutocastMode(enabled=False)
+    return HpuAutocastMode(state.dtype, policy=state.policy, device_type=state.device_type,
+                           cache_enabled=state.cache_enabled)
 
 
 def _cast(value, dtype: torch.dtype):
@@ -93,7 +78,7 @@ def custom_fwd(fwd: Optional[Callable] = None, *, cast_inputs: Optional[torch.dt
         if cast_inputs is None:
             ctx._hpu_autocast_state = state
             return fwd(ctx, *args, **kwargs)
-        ctx._hpu_autocast_state = _OFF
+        ctx._hpu_autocast_state = OFF
         if not state.enabled:
             return fwd(ctx, *args, **kwargs)
         with HpuAutocastMode(enabled=False):
@@ -112,7 +97,7 @@ def custom_bwd(bwd: Callable):
         if state is None:
             raise RuntimeError(f"custom_bwd: {bwd.__qualname__} has no recorded state; decorate the "
                                "Function's forward with hpu_autocast.amp.custom_fwd")
-        with state.mode():
+        with region_for(state):
             return bwd(ctx, *args, **kwargs)
 
     return decorate_bwd

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch.utils.checkpoint as _torch_checkpoint
 
-from .amp import current_state
+from .amp import current_state, region_for
 
 __all__ = ["checkpoint", "context_fn"]
 
@@ -44,7 +44,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool = False, **kw
         calls += 1
         if calls == 1:
             return function(*a, **kw)
-        with state.mode():
+        with region_for(state):
             return function(*a, **kw)
 
     return _torch_checkpoint.checkpoint(run, *args, use_reentrant=use_reentrant, **kwargs)
@@ -53,4 +53,4 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool = False, **kw
 def context_fn():
     """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``:
     torch calls it at the forward, and enters the second context around the recomputation."""
-    return contextlib.nullcontext(), current_state().mode()
+    return contextlib.nullcontext(), region_for(current_state())

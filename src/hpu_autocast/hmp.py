@@ -155,16 +155,10 @@ def is_converted() -> bool:
 def reset() -> None:
     """Undo ``convert`` in this thread (HMP has no such call; for tests and notebooks).
 
-    Raises ``RuntimeError`` if a region entered after ``convert`` is still open."""
+    A region entered after ``convert`` and still open stays in force until it exits."""
     mode: Optional[HpuAutocastMode] = getattr(_converted, "mode", None)
     if mode is None:
         return
-    from ._engine import current_engine
-
-    engine = current_engine()
-    if engine is None or not engine.regions or engine.regions[-1] is not mode._region:
-        raise RuntimeError("hmp.reset: a region entered after hmp.convert is still open in this thread; "
-                           "exit it first (regions must be exited in the reverse order they were entered)")
     mode.__exit__(None, None, None)
     _converted.mode = None
     _unwrap_autograd()

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 
-from . import _compile_hooks, hpu
-from ._engine import Region, engine_for_thread
+from . import _engine, hpu
 from ._table import compile_policy
+from .events import Event
+from .log import combine_observers, make_log_observer
 from .policy import Policy
 from .presets import get_preset
+from .report import Recorder
 
-__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy"]
+__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "device_types", "record"]
+
+#: The device types a region may cast for (``torch.autocast``'s, and ``meta`` for shape work).
+_DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia", "meta")
+
+
+def device_types() -> tuple:
+    """The device types a region accepts as ``device_type``."""
+    return _DEVICE_TYPES
 
 
 def _as_policy(policy: Union[str, Policy]) -> Policy:
@@ -29,6 +40,24 @@ def _as_policy(policy: Union[str, Policy]) -> Policy:
     raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
 
 
+def _default_device(policy: Optional[Policy]) -> str:
+    """The policy's device type, or the device this process runs on for policies of none (hpu,
+    hmp: Gaudi's lists work as a stand-in on CPU and CUDA where no Gaudi is present)."""
+    device = getattr(policy, "device_type", None)
+    if device is not None:
+        return device
+    if hpu.backend_loaded():
+        return "hpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"HpuAutocastMode: {name} must be True or False, got {value!r} "
+                        f"({type(value).__name__})")
+    return value
+
+
 class HpuAutocastMode:
     """Run the enclosed code in mixed precision under an op-overload policy.
 
@@ -36,65 +65,84 @@ class HpuAutocastMode:
         dtype: the lower-precision dtype (``torch.bfloat16`` or ``torch.float16``; the
             ``hpu`` policy accepts bfloat16 only).
         policy: a preset name (``"hpu"``, ``"torch-cpu"``, ...) or a ``Policy``.
+        device_type: the device whose tensors are cast, as ``torch.autocast``'s first argument:
+            tensors on other devices pass through. Defaults to the policy's device (``cpu`` for
+            ``torch-cpu``, ``cuda`` for ``torch-cuda``), and for ``hpu``/``hmp`` to the device this
+            process runs on (``hpu`` on Gaudi, else ``cuda`` when available, else ``cpu``).
         enabled: ``False`` turns casting off for the body, also inside an enabled region.
         cache_enabled: reuse casts of float32 leaves that require grad within the outermost
             region, as ``torch.autocast`` does. ``None`` means on, except on HPU where Gaudi's
             graph mode does this and autocast's cache is always off (seed 000).
+        observer: called with an ``hpu_autocast.events.Event`` for each call the engine decides
+            on (see ``events.py``); ``verbose=True`` logs them, ``record=True`` keeps a report.
 
-    Usable as a context manager or a decorator. Regions nest (the innermost wins) and are
-    per thread, like ``torch.autocast``.
+    Usable as a context manager or a decorator. Regions nest (the innermost wins) and belong to
+    the context that entered them: a thread, or an asyncio task.
     """
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
-                 enabled: bool = True, cache_enabled: Optional[bool] = None,
-                 observer: Optional[Callable] = None, verbose: bool = False, record: bool = False) -> None:
+                 device_type: Optional[str] = None, enabled: bool = True, cache_enabled: Optional[bool] = None,
+                 observer: Optional[Callable[[Event], None]] = None, verbose: bool = False,
+                 record: bool = False) -> None:
         if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-        self.policy = _as_policy(policy)
-        if enabled:
+            raise TypeError(f"HpuAutocastMode: dtype must be a torch.dtype, got {dtype!r}")
+        self.enabled = _check_flag("enabled", enabled)
+        self.verbose = _check_flag("verbose", verbose)
+        self.record = _check_flag("record", record)
+        if cache_enabled is not None:
+            _check_flag("cache_enabled", cache_enabled)
+        if observer is not None and not callable(observer):
+            raise TypeError(f"HpuAutocastMode: observer must be callable (it is called with each "
+                            f"hpu_autocast.events.Event), got {observer!r}")
+        # Note: a disabled region reads no policy: turning casting off must never fail over a
+        # policy (a missing PT_HPU_AUTOCAST_*_OPS_LIST file, say).
+        self.policy: Optional[Policy] = _as_policy(policy) if self.enabled else None
+        if self.enabled:
             self.policy.check_dtype(dtype)
             hpu.check_dtype(dtype)
+        self._policy_arg = policy
+        if device_type is None:
+            device_type = _default_device(self.policy) if self.enabled else None
+        elif not isinstance(device_type, str) or device_type not in _DEVICE_TYPES:
+            raise ValueError(f"HpuAutocastMode: unknown device_type {device_type!r}; accepted: "
+                             f"{', '.join(_DEVICE_TYPES)}")
+        self.device_type = device_type
         self.dtype = dtype
-        self.enabled = bool(enabled)
-        self.cache_enabled = hpu.default_cache_enabled() if cache_enabled is None else bool(cache_enabled)
+        self.cache_enabled = hpu.default_cache_enabled() if cache_enabled is None else cache_enabled
         if hpu.backend_loaded():
             self.cache_enabled = False
         self.observer = observer
-        self.verbose = bool(verbose)
-        self.record = bool(record)
         self._recorder = None
-        self._region: Optional[Region] = None
-        self._forced_eager = False  # see _compile_hooks: compiled code runs eagerly in a region
+        self._region: Optional[_engine.Region] = None
+
+    @property
+    def policy_name(self) -> str:
+        """The policy's name (for a disabled region, which reads no policy, the name it was given)."""
+        if self.policy is not None:
+            return self.policy.name
+        arg = self._policy_arg
+        return arg if isinstance(arg, str) else getattr(arg, "name", "?")
 
     def __enter__(self) -> "HpuAutocastMode":
         if self._region is not None:
             raise RuntimeError("this HpuAutocastMode is already entered; create a new one to nest")
-        compiled = compile_policy(self.policy, self.dtype) if self.enabled else None
         observer = self.observer
         if self.verbose or self.record:
-            from .log import combine_observers, make_log_observer
-            from .report import Recorder
-
             if self.record:
-                self._recorder = Recorder()
-                self._recorder.policy, self._recorder.dtype = self.policy.name, self.dtype
+                self._recorder = Recorder(self.policy_name, self.dtype)
             observer = combine_observers(observer, make_log_observer() if self.verbose else None, self._recorder)
-        region = Region(compiled, self.dtype, self.enabled, self.cache_enabled, observer)
-        engine_for_thread().push(region)
+        compiled = compile_policy(self.policy) if self.enabled else None
+        device = self.device_type or _outer_device()
+        region = _engine.Region(compiled, self.dtype, device, self.enabled, self.cache_enabled,
+                                observer if self.enabled else None)
+        _engine.enter(region)
         self._region = region
-        if region.owns_modes:
-            self._forced_eager = _compile_hooks.region_entered()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        region = self._region
+        region, self._region = self._region, None
         if region is not None:
-            # Note: pop first; if it refuses (an inner region still open), this mode stays
-            # entered and can be exited once the inner one is.
-            engine_for_thread().pop(region)
-            self._region = None
-            forced, self._forced_eager = self._forced_eager, False
-            _compile_hooks.region_exited(forced)
+            _engine.exit(region)
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn`` so each call runs in a fresh region with these settings."""
@@ -111,9 +159,18 @@ class HpuAutocastMode:
         return wrapper
 
     def _clone(self) -> "HpuAutocastMode":
-        return HpuAutocastMode(self.dtype, policy=self.policy, enabled=self.enabled,
+        return HpuAutocastMode(self.dtype, policy=self.policy if self.enabled else self._policy_arg,
+                               device_type=self.device_type, enabled=self.enabled,
                                cache_enabled=self.cache_enabled, observer=self.observer,
                                verbose=self.verbose, record=self.record)
+
+    def __copy__(self) -> "HpuAutocastMode":
+        return self._clone()
+
+    def __deepcopy__(self, memo) -> "HpuAutocastMode":
+        # A mode is settings plus, while entered, a region of this context's: a copy is a new,
+        # not yet entered mode with the same settings (policies are values, shared).
+        return self._clone()
 
     def report(self):
         """The ``PrecisionReport`` of this mode's last region (``record=True``): what ran in
@@ -126,8 +183,13 @@ class HpuAutocastMode:
         return self._recorder.report()
 
     def __repr__(self) -> str:
-        return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy.name!r}, enabled={self.enabled}, "
-                f"cache_enabled={self.cache_enabled})")
+        return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy_name!r}, device_type={self.device_type!r}, "
+                f"enabled={self.enabled}, cache_enabled={self.cache_enabled})")
+
+
+def _outer_device() -> str:
+    # A disabled region covers the device of the region it is nested in (what it turns off).
+    return _engine.current().device_type or _default_device(None)
 
 
 def disable_casts() -> HpuAutocastMode:
@@ -136,25 +198,26 @@ def disable_casts() -> HpuAutocastMode:
 
 
 def is_enabled() -> bool:
-    """True when this thread is inside an enabled region."""
-    from ._engine import current_engine
-
-    engine = current_engine()
-    return engine is not None and engine.region is not None
+    """True when the calling context is inside an enabled region."""
+    return _engine.current().enabled
 
 
 def get_dtype() -> Optional[torch.dtype]:
     """The innermost enabled region's lower-precision dtype, or ``None``."""
-    from ._engine import current_engine
-
-    engine = current_engine()
-    return engine.region.dtype if engine is not None and engine.region is not None else None
+    return _engine.current().dtype
 
 
 def get_policy() -> Optional[Policy]:
     """The innermost enabled region's ``Policy``, or ``None``."""
-    from ._engine import current_engine
+    return _engine.current().policy
 
-    engine = current_engine()
-    region = engine.region if engine is not None else None
-    return region.compiled.policy if region is not None else None
+
+@contextlib.contextmanager
+def record(dtype: torch.dtype = torch.bfloat16, **mode_kwargs) -> Iterator[Recorder]:
+    """Run the body under ``HpuAutocastMode(dtype, **mode_kwargs)`` with a fresh ``Recorder``
+    (chained with any ``observer=`` given) and yield it; call ``.report()`` afterwards."""
+    mode = HpuAutocastMode(dtype, **mode_kwargs)
+    rec = Recorder(mode.policy_name, mode.dtype)
+    mode.observer = combine_observers(rec, mode.observer)
+    with mode:
+        yield rec

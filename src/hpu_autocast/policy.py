@@ -68,6 +68,10 @@ class Policy:
     #: Every op of the promote list, also those a lower or FP32 entry overrides: when a user
     #: replaces the lower list, an op it no longer names falls back to promote.
     promoted: frozenset = frozenset()
+    #: The device type a region of this policy casts for by default (``torch.autocast``'s first
+    #: argument); ``None``: the device this process runs on (Gaudi's presets, which also serve as
+    #: a stand-in on CPU and CUDA).
+    device_type: Optional[str] = None
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +97,7 @@ class Policy:
             and self.dtypes == other.dtypes
             and self.unlisted == other.unlisted
             and self.inplace == other.inplace
+            and self.device_type == other.device_type
         )
 
     def action(self, op: OpOverload) -> Optional[CastPolicy]:

@@ -1,36 +1,31 @@
-"""See what ran in which dtype: a ``Recorder`` observer and the ``PrecisionReport`` it builds.
+"""What ran in which dtype: a ``Recorder`` of engine events and the ``PrecisionReport`` it builds.
 
-    >>> with record(dtype=torch.bfloat16, policy="hpu") as rec:
+    >>> with HpuAutocastMode(torch.bfloat16, policy="hpu", record=True) as mode:
     ...     loss = model(x).sum()
-    >>> print(rec.report())
+    >>> print(mode.report())
 
-The report has one row per (op overload, action, input dtypes -> compute dtype), with the
-calls, the casts the engine inserted and the bytes they wrote, and the matmul/conv FLOPs;
-then the share of those FLOPs that ran in lower precision, and warnings worth acting on.
+The report has one row per (op overload, decision, input dtypes -> compute dtype), with the calls,
+the casts the engine made and the bytes they wrote, and the matmul/conv FLOPs; then the share of
+those FLOPs that ran in lower precision, and warnings worth acting on. Every figure comes from the
+engine's events (``events.py``): the casts are the ones the engine reports having made, a copy
+served from the cast cache counts once, where it was made.
 
-[Note: counting casts] A cast is an eligible input (floating, not float64, not written by
-the op, the first tensor only for ``input_only`` ops) whose dtype differs from the compute
-dtype; it writes ``numel * itemsize(compute dtype)`` bytes. Casts the engine serves from its
-cache (float32 leaves that require grad, cast above autograd, within the outermost region:
-the weights) are counted once per region, as the engine makes them once.
-
-[Note: counting FLOPs] FLOPs are those ``torch.utils.flop_counter`` counts, from its own
-formula registry (``flop_registry``: mm, addmm, bmm, baddbmm, convolution, attention). The
-function level reports composites (``linear``, ``matmul``, ``conv2d``,
-``scaled_dot_product_attention``) whose insides are not reported, so the recorder runs each
-matmul/conv-like call once more on ``meta`` tensors (shapes only, no data, no compute) under
-a small dispatch mode that applies the registry's formulas to what the composite decomposes
-into. The call's FLOPs are attributed to its compute dtype. Ops the registry has no formula
-for (``dot``, ``mv``) count zero, as in ``FlopCounterMode``.
+[Note: counting FLOPs] FLOPs are those ``torch.utils.flop_counter`` counts, from its own formula
+registry (``flop_registry``: mm, addmm, bmm, baddbmm, convolution, attention). The engine reports
+composites (``linear``, ``matmul``, ``conv2d``, ``scaled_dot_product_attention``) whose insides it
+leaves alone, so the recorder runs each matmul/conv-like call once more on ``meta`` tensors
+(shapes only, no data, no compute) under a small dispatch mode that applies the registry's
+formulas to what the composite decomposes into. The call's FLOPs are attributed to its compute
+dtype. Ops the registry has no formula for (``dot``, ``mv``) count zero, as in
+``FlopCounterMode``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -38,12 +33,11 @@ from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
 from . import _ops
-from ._engine import current_engine
-from .log import Decision, _tensors, classify, combine_observers, short_dtype
+from .events import Event, Outcome, short_dtype
+from .log import decision
 from .policy import CastPolicy
-from .rules import is_eligible
 
-__all__ = ["Recorder", "PrecisionReport", "Row", "record", "op_graph"]
+__all__ = ["Recorder", "PrecisionReport", "Row"]
 
 _LOWER_DTYPES = (torch.bfloat16, torch.float16)
 _PRUNE_AT = 4096
@@ -61,7 +55,7 @@ _FLOP_OPS = _FLOP_COMPOSITES | frozenset(
 
 @dataclass
 class Row:
-    """Calls of one op overload with one action and one dtype signature."""
+    """Calls of one op overload with one decision and one dtype signature."""
 
     op: str
     action: str
@@ -105,110 +99,66 @@ def _signature(x):
     return x
 
 
-def _flops(func, args: tuple, kwargs: dict) -> Optional[int]:
-    """FLOPs of ``func(*args, **kwargs)`` by the registry's formulas, from shapes alone."""
+def _flops(op, args: tuple, kwargs: dict) -> Optional[int]:
+    """FLOPs of ``op(*args, **kwargs)`` by the registry's formulas, from shapes alone. Observers
+    run with the engine switched off, so this meta run is not cast or reported."""
     margs, mkwargs = tree_map(_meta, (args, kwargs))
-    engine = current_engine()
-    # The engine is inside one of its own calls: keep its modes out of the shape run.
-    if engine is not None:
-        engine.suppress += 1
     try:
         with _FlopCounter() as counter:
-            func(*margs, **mkwargs)
+            op(*margs, **mkwargs)
     except Exception:  # a kernel with no meta implementation: the FLOPs are unknown
         return None
-    finally:
-        if engine is not None:
-            engine.suppress -= 1
     return counter.total
 
 
 class Recorder:
-    """An engine observer that tallies what ran in which dtype. Pass it as
-    ``HpuAutocastMode(observer=...)`` (or use ``record``) and call ``report()`` afterwards.
+    """An observer that tallies engine events into a report. Pass it as
+    ``HpuAutocastMode(observer=...)`` (``record=True`` does) and call ``report()`` afterwards.
 
-    Cheap: a dictionary update per call, a cast count for calls the policy casts, and a shapes
-    only rerun for matmul/conv-like calls (see the note at the top of this module).
-    """
+    Cheap: a dictionary update per event, and a shapes-only rerun for matmul/conv-like calls
+    (see the note at the top of this module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Optional[str] = None, dtype: Optional[torch.dtype] = None) -> None:
         self.rows: Dict[tuple, Row] = {}
-        self.policy: Optional[str] = None
-        self.dtype: Optional[torch.dtype] = None
+        self.policy = policy
+        self.dtype = dtype
         self._warnings: Dict[tuple, list] = {}   # key -> [message, count, {op: None}]
-        self._cached: Dict[int, weakref.ref] = {}
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
         self._flop_cache: Dict[tuple, Optional[int]] = {}
 
-    # The engine's observer signature.
-    def __call__(self, level, rule, func, reason, args, kwargs, target) -> None:
-        region = _region()
-        d = classify(level, rule, func, reason, args, kwargs, target, region.compiled if region is not None else None)
-        if d is None:
-            return
-        if region is not None and self.dtype is None:
-            self.dtype = region.dtype
-            self.policy = region.compiled.policy.name
-        key = (d.op, d.action, d.inputs, d.compute)
+    def __call__(self, event: Event) -> None:
+        name = event.name
+        action = decision(event)
+        key = (name, action, event.inputs, event.compute)
         row = self.rows.get(key)
         if row is None:
-            row = self.rows[key] = Row(d.op, d.action, ",".join(map(short_dtype, d.inputs)), short_dtype(d.compute))
+            row = self.rows[key] = Row(name, action, ",".join(map(short_dtype, event.inputs)),
+                                       short_dtype(event.compute))
         row.calls += 1
-        if rule is not None and target is not None and reason == str(rule.action):  # the policy cast
-            n, nbytes = self._count_casts(d, rule, args, kwargs, target, region, level == "function")
-            row.casts += n
-            row.cast_bytes += nbytes
-        op = rule.op if rule is not None else func
-        if _ops.op_base_name(op) in _FLOP_OPS:
-            f = self._flops_of(func, args, kwargs)
+        row.casts += event.new_casts
+        row.cast_bytes += event.cast_bytes
+        for c in event.casts:
+            if not c.cached:
+                self._note_cast(c.tensor, c.to_dtype, name)
+        if _ops.op_base_name(event.op) in _FLOP_OPS:
+            f = self._flops_of(event.op, event.args, event.kwargs)
             if f is not None:
                 row.flops = (row.flops or 0) + f
             else:
-                self._warn(("flops", d.op), f"{d.op}: FLOPs unknown (no meta kernel); not counted")
-        self._check(d, rule, args, kwargs)
+                self._warn(("flops", name), f"{name}: FLOPs unknown (no meta kernel); not counted")
+        self._check(event, action)
 
-    def _flops_of(self, func, args, kwargs) -> Optional[int]:
+    def _flops_of(self, op, args, kwargs) -> Optional[int]:
         # FLOPs depend on shapes and the non-tensor arguments alone: one shape run per signature.
         try:
-            key = (func, _signature(args), _signature(tuple(kwargs.items())))
+            key = (op, _signature(args), _signature(tuple(kwargs.items())))
             hash(key)
         except TypeError:
-            return _flops(func, args, kwargs)
+            return _flops(op, args, kwargs)
         if key not in self._flop_cache:
-            self._flop_cache[key] = _flops(func, args, kwargs)
+            self._flop_cache[key] = _flops(op, args, kwargs)
         return self._flop_cache[key]
-
-    def _count_casts(self, d: Decision, rule, args, kwargs, target, region, above: bool) -> Tuple[int, int]:
-        # Mirrors Engine.cast_args: which tensors are cast, and which casts the cache serves.
-        cache = (region is not None and region.cache_enabled and target is region.dtype and above)
-        tensors = []
-        input_only = rule.input_only and rule.casts_input_only(args)
-        for i, a in enumerate(args):
-            if i in rule.protected:
-                continue
-            if isinstance(a, torch.Tensor):
-                tensors.append(a)
-            elif isinstance(a, (list, tuple)):
-                tensors.extend(t for t in a if isinstance(t, torch.Tensor))
-            if input_only:
-                break
-        if not input_only:
-            tensors.extend(v for k, v in kwargs.items()
-                           if k not in rule.protected_names and isinstance(v, torch.Tensor))
-        n = nbytes = 0
-        for t in tensors:
-            if not is_eligible(t) or t.dtype is target:
-                continue
-            if cache and t.dtype is torch.float32 and t.requires_grad and t.is_leaf and not t._is_view():
-                ref = self._cached.get(id(t))
-                if ref is not None and ref() is t:
-                    continue  # served from the engine's cast cache
-                self._cached[id(t)] = weakref.ref(t)
-            n += 1
-            nbytes += t.numel() * target.itemsize
-            self._note_cast(t, target, d.op)
-        return n, nbytes
 
     def _note_cast(self, t: torch.Tensor, target: torch.dtype, op: str) -> None:
         # A repeat is the same tensor, unchanged since (same version), cast again: weights
@@ -218,7 +168,6 @@ class Recorder:
         if entry is None or entry[0]() is not t or entry[3] != t._version:
             if len(self._casts) >= self._prune_at:  # long recordings: forget freed tensors
                 self._casts = {k: v for k, v in self._casts.items() if v[0]() is not None}
-                self._cached = {k: v for k, v in self._cached.items() if v() is not None}
                 self._prune_at = max(_PRUNE_AT, 2 * len(self._casts))
             self._casts[key] = [weakref.ref(t), 1, [op], t._version]
             return
@@ -229,19 +178,20 @@ class Recorder:
                    "{n} extra cast(s) (by {ops}); cast it once and reuse the copy", entry[2][0], op)
         entry[2].append(op)
 
-    def _check(self, d: Decision, rule, args, kwargs) -> None:
-        if d.action == "not listed":
+    def _check(self, event: Event, action: str) -> None:
+        if event.outcome is Outcome.UNLISTED:
             # Zero-dimensional tensors do not take part in promotion against dimensioned ones.
-            mixed = {t.dtype for t in _tensors(args, kwargs) if t.is_floating_point() and t.dim() > 0}
+            mixed = {t.dtype for t in _tensors(event.args, event.kwargs) if t.is_floating_point() and t.dim() > 0}
             if len(mixed) > 1:
                 names = ",".join(short_dtype(t) for t in sorted(mixed, key=str))
-                self._warn(("mixed", d.op), f"{d.op} is on no list and got mixed floating dtypes ({names}): "
-                           f"it runs in {short_dtype(d.compute)} by type promotion; list it to decide")
-        elif rule is not None and rule.action is CastPolicy.FP32 and not d.action.startswith("ineligible"):
-            low = sorted({short_dtype(t) for t in d.inputs if t in _LOWER_DTYPES})
+                self._warn(("mixed", event.name), f"{event.name} is on no list and got mixed floating dtypes "
+                           f"({names}): it runs in {short_dtype(event.compute)} by type promotion; list it to decide")
+        elif event.action is CastPolicy.FP32 and event.outcome is Outcome.CAST:
+            low = sorted({short_dtype(t) for t in event.inputs if t in _LOWER_DTYPES})
             if low:
-                self._warn(("fp32-fed", d.op), f"{d.op} (fp32 list) got {','.join(low)} input: it computes in f32 "
-                           f"from values already rounded; move their producer to the fp32 list if that matters")
+                self._warn(("fp32-fed", event.name), f"{event.name} (fp32 list) got {','.join(low)} input: it "
+                           "computes in f32 from values already rounded; move their producer to the fp32 list "
+                           "if that matters")
 
     def _warn(self, key: tuple, message: str, *ops: str) -> None:
         # message may name {n} (how many times) and {ops} (the ops involved); otherwise a
@@ -264,9 +214,15 @@ class Recorder:
         return PrecisionReport(rows, warnings, self.policy, short_dtype(self.dtype) if self.dtype else None)
 
 
-def _region():
-    engine = current_engine()
-    return engine.region if engine is not None else None
+def _tensors(args: tuple, kwargs: dict):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
+    for k, v in kwargs.items():
+        if k != "out" and isinstance(v, torch.Tensor):
+            yield v
 
 
 def _table(header: List[str], rows: List[List[str]], right: set) -> List[str]:
@@ -409,25 +365,3 @@ class PrecisionReport:
 
     def __repr__(self) -> str:
         return f"PrecisionReport({len(self.rows)} rows, {self.casts} casts, {len(self.warnings)} warnings)"
-
-
-@contextlib.contextmanager
-def record(dtype: torch.dtype = torch.bfloat16, **mode_kwargs) -> Iterator[Recorder]:
-    """Run the body under ``HpuAutocastMode(dtype, **mode_kwargs)`` with a fresh ``Recorder``
-    (chained with any ``observer=`` given) and yield it; call ``.report()`` afterwards."""
-    from .mode import HpuAutocastMode
-
-    rec = Recorder()
-    observer = combine_observers(rec, mode_kwargs.pop("observer", None))
-    mode = HpuAutocastMode(dtype, observer=observer, **mode_kwargs)
-    rec.policy, rec.dtype = mode.policy.name, mode.dtype
-    with mode:
-        yield rec
-
-
-def op_graph(fn: Callable, *inputs, **mode_kwargs) -> str:
-    """Graphviz DOT text of the ATen ops ``fn(*inputs)`` runs under ``HpuAutocastMode(**mode_kwargs)``,
-    with the casts marked. See ``hpu_autocast._graph``."""
-    from ._graph import op_graph as _op_graph
-
-    return _op_graph(fn, *inputs, **mode_kwargs)

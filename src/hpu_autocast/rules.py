@@ -1,5 +1,6 @@
-"""The dtype rules, as pure functions: which tensors are eligible, and what dtype an op of a
-given ``CastPolicy`` computes in. Shared by both levels of the engine and by the tests."""
+"""The dtype rules, as pure functions: which tensors autocast may cast, and the dtype an op of a
+given ``CastPolicy`` computes in. The engine applies them; the tests check them with hypothesis.
+"""
 
 from __future__ import annotations
 
@@ -9,31 +10,52 @@ import torch
 
 from .policy import CastPolicy
 
-__all__ = ["is_eligible", "compute_dtype", "has_explicit_dtype"]
+__all__ = ["is_eligible", "compute_dtype", "has_explicit_dtype", "PromoteError"]
 
+_FLOAT32 = torch.float32
 _FLOAT64 = torch.float64
 
 
-def is_eligible(t: object) -> bool:
-    """A tensor autocast may cast: floating point and not float64 (seeds 002 and 003)."""
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not _FLOAT64
+class PromoteError(RuntimeError):
+    """A PROMOTE op met a floating dtype autocast cannot promote: neither float32 nor the region's
+    lower-precision dtype (a bfloat16 tensor in a float16 region). Native autocast raises too."""
 
 
-def compute_dtype(action: CastPolicy, dtypes: Iterable[torch.dtype], lower: torch.dtype) -> Optional[torch.dtype]:
-    """The dtype an op with ``action`` computes in, given its eligible inputs' ``dtypes``.
+def is_eligible(t: object, device_type: str) -> bool:
+    """A tensor autocast may cast: floating point, not float64 (seeds 002 and 003), and on the
+    region's device type, as ``torch.autocast`` casts only tensors of its own device."""
+    return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not _FLOAT64
+            and t.device.type == device_type)
 
-    ``None`` means "cast nothing" (a PROMOTE or FIRST op with no eligible input).
+
+def compute_dtype(action: CastPolicy, dtypes: Iterable[torch.dtype], lower: torch.dtype,
+                  op: str = "op") -> Optional[torch.dtype]:
+    """The dtype an op with ``action`` computes in, given its eligible inputs' ``dtypes`` in
+    argument order.
+
+    ``None`` means "cast nothing" (a PROMOTE or FIRST op with no eligible input). PROMOTE follows
+    native autocast's ``prioritize``: float32 wins over the lower dtype; any other floating dtype
+    met before a float32 raises ``PromoteError`` naming ``op``.
     """
     if action is CastPolicy.LOWER:
         return lower
     if action is CastPolicy.FP32:
-        return torch.float32
-    widest = None
+        return _FLOAT32
+    if action is CastPolicy.FIRST:
+        return next(iter(dtypes), None)
+    current = None
     for d in dtypes:
-        if action is CastPolicy.FIRST:
-            return d
-        widest = d if widest is None else torch.promote_types(widest, d)
-    return widest
+        if current is _FLOAT32 or d is _FLOAT32:
+            current = _FLOAT32
+        elif d is lower:
+            current = lower
+        else:
+            short = str(lower).replace("torch.", "")
+            raise PromoteError(
+                f"{op}: cannot promote a {str(d).replace('torch.', '')} input in a {short} region: "
+                f"autocast promotes float32 and {short} only (as torch.autocast does); cast that "
+                f"input to float32 or {short} first")
+    return current
 
 
 def has_explicit_dtype(args: tuple, kwargs: dict) -> bool:

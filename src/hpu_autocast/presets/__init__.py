@@ -89,6 +89,7 @@ def build_policy(
     tolerate_missing: bool = False,
     registered: Optional[str] = None,
     keep_composites: bool = False,
+    device_type: Optional[str] = None,
 ) -> Policy:
     """Build a ``Policy`` from op names.
 
@@ -122,7 +123,7 @@ def build_policy(
         for op in resolve(n):
             ban[op] = message
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=dtypes,
-                  missing=tuple(dict.fromkeys(missing)), promoted=frozenset(pro))
+                  missing=tuple(dict.fromkeys(missing)), promoted=frozenset(pro), device_type=device_type)
 
 
 def _build_hpu() -> Policy:
@@ -135,7 +136,7 @@ def _build_hpu() -> Policy:
 def _build_torch_cpu() -> Policy:
     return build_policy(
         "torch-cpu", lower=_torch_cpu.LOWER, fp32=_torch_cpu.FP32, promote=_torch_cpu.PROMOTE,
-        tolerate_missing=True, registered="AutocastCPU",
+        tolerate_missing=True, registered="AutocastCPU", device_type="cpu",
     )
 
 
@@ -152,7 +153,8 @@ def _build_hmp(opt_level: str = "O1") -> Policy:
 
 
 def _build_xpu() -> Policy:
-    return build_policy("xpu", lower=_xpu.LOWER, fp32=_xpu.FP32, promote=_xpu.PROMOTE, tolerate_missing=True)
+    return build_policy("xpu", lower=_xpu.LOWER, fp32=_xpu.FP32, promote=_xpu.PROMOTE, tolerate_missing=True,
+                        device_type="xpu")
 
 
 def _build_torch_cuda() -> Policy:
@@ -161,6 +163,7 @@ def _build_torch_cuda() -> Policy:
         fp32=_torch_cuda.FP32 + _torch_cuda.REGISTERED_FP32,
         promote=_torch_cuda.PROMOTE + _torch_cuda.REGISTERED_PROMOTE,
         banned=_torch_cuda.BANNED, tolerate_missing=True, registered="AutocastCUDA", keep_composites=True,
+        device_type="cuda",
     )
 
 

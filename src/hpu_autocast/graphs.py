@@ -11,17 +11,12 @@ it needs no mode, so it costs what the same ops cost without one, and it gives t
 the eager run under the mode, bit for bit (the tests compare them).
 
 [Note: where the tracer sits]
-``make_fx`` pushes its ``ProxyTorchDispatchMode`` first and then calls ``fn``; ``trace`` enters
-the region inside that call, so the engine's modes are pushed *above* the tracer. Each cast the
-engine makes, at the function level (``t.to(bf16)``) or at the dispatch level (``bmm`` inside
-``einsum``), reaches the tracer as an ATen call and is recorded, followed by the op on the cast
-values. Two consequences:
-
-* ``trace`` refuses to run inside an enabled region: the engine's modes would already be on the
-  stack, *below* the tracer, and the graph would hold the uncast ops.
-* ``pre_dispatch=True`` is not used: it records above autograd, where a C++ composite
-  (``einsum``, ``tensordot``) is one node, so the casts the dispatch level makes inside it are
-  lost and the graph fails or computes in float32.
+``make_fx``'s tracer is a ``TorchDispatchMode``: it sees ATen calls below autograd, after the
+engine's kernels (which sit where native autocast's do, above autograd) have cast their inputs.
+Each cast reaches the tracer as an ``aten._to_copy`` call and is recorded, followed by the op on
+the cast values, for policy ops called from Python and from C++ inside composites (``bmm`` in
+``einsum``) alike. ``pre_dispatch=True`` is not used: it records above the engine, so the graph
+would hold the uncast ops.
 
 [Note: parameters]
 The graph is traced with real tensors (``tracing_mode="real"``). Tensors ``fn`` reaches other
@@ -42,6 +37,7 @@ as with any ``make_fx`` trace. Call the graph outside regions: it already holds 
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -49,6 +45,8 @@ from typing import Any, Callable, Dict, List
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from .mode import HpuAutocastMode
 
 __all__ = ["trace", "cast_nodes"]
 
@@ -67,27 +65,18 @@ def trace(fn: Callable, *example_inputs: Any, dtype: torch.dtype = torch.bfloat1
 
     The result runs without the mode, gives the eager-under-the-mode values, prints with
     ``print(gm.code)``, and can be handed to ``torch.compile``. ``fn`` may compute gradients
-    (``torch.autograd.grad``): the backward ops and their casts are recorded too. Must be called
-    outside any enabled ``HpuAutocastMode`` region (see the module's notes).
+    (``torch.autograd.grad``): the backward ops and their casts are recorded too. Inside another
+    region, the trace's own region is the innermost and decides.
 
     ``tracing_mode`` is ``make_fx``'s: ``"symbolic"`` gives a graph for any input shape, but
     needs every tensor to be an input (a module's parameters passed through
     ``torch.func.functional_call``), since ``make_fx`` cannot mix real and fake tensors.
     """
-    from ._engine import current_engine
-    from .mode import HpuAutocastMode
-
-    engine = current_engine()
-    if engine is not None and engine.modes_on:
-        raise RuntimeError(
-            "hpu_autocast.trace() was called inside an enabled HpuAutocastMode region: the "
-            "engine's modes would sit below the tracer and the casts would not be recorded. "
-            "Call trace() outside the region; it enters its own.")
     # Build the mode now, so a bad dtype or policy fails here and not inside make_fx.
     mode = HpuAutocastMode(dtype, policy=policy, **mode_kwargs)
 
     def traced(*args):
-        with mode._clone():
+        with copy.copy(mode):
             return fn(*args)
 
     if _plain_signature(fn, len(example_inputs)):

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .log import short_dtype
+from .events import short_dtype
 
 __all__ = ["op_graph"]
 

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional
 import torch
 from torch.utils._pytree import tree_flatten_with_path, keystr
 
-from .log import short_dtype
+from .events import short_dtype
 
 __all__ = ["compare", "Comparison", "OutputError"]
 
