@@ -24,7 +24,9 @@ generator closed late, an exit out of order), so an exit never leaves casting on
 
 from __future__ import annotations
 
+import functools
 import threading
+from operator import attrgetter
 from contextvars import ContextVar
 from typing import Callable, Dict, NamedTuple, Optional
 
@@ -44,7 +46,9 @@ _FLOAT64 = torch.float64
 _LOWER = CastPolicy.LOWER
 _FP32 = CastPolicy.FP32
 _Tensor = torch.Tensor
-_EMPTY: Dict[OpOverload, OpRule] = {}
+_EMPTY: Dict[int, OpRule] = {}
+_ON_DEVICE = {"cpu": attrgetter("is_cpu"), "cuda": attrgetter("is_cuda"), "meta": attrgetter("is_meta"),
+              "xpu": attrgetter("is_xpu"), "mps": attrgetter("is_mps")}
 _set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
 _is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _grad_enabled = torch.is_grad_enabled
@@ -53,15 +57,17 @@ _grad_enabled = torch.is_grad_enabled
 class Region:
     """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
 
-    __slots__ = ("compiled", "rules", "dtype", "device_type", "enabled", "cache_enabled", "observer",
-                 "observes", "cache", "owns_cache", "closed", "switch", "thread")
+    __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
+                 "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
                  enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None) -> None:
         self.compiled = compiled
-        self.rules = compiled.rules if enabled and compiled is not None else _EMPTY
+        self.rules = compiled.by_id if enabled and compiled is not None else _EMPTY
         self.dtype = dtype
         self.device_type = device_type
+        #: Whether a tensor is on ``device_type`` (``is_cpu`` costs a quarter of ``device.type``).
+        self.on_device = _ON_DEVICE.get(device_type) or (lambda t: t.device.type == device_type)
         self.enabled = enabled
         self.cache_enabled = cache_enabled
         self.observer = observer
@@ -164,8 +170,10 @@ def _keys() -> _dispatch.Keys:
 def enter(region: Region) -> None:
     """Open ``region`` in the calling context: it becomes the innermost frame."""
     k = _keys()
-    if region.compiled is not None and region.enabled:
-        k.register(region.compiled.rules)
+    compiled = region.compiled
+    if compiled is not None and region.enabled and not compiled.registered:
+        k.register(compiled.rules)
+        compiled.registered = True
     if region.observes:
         k.prepare_fallback()
     parent = innermost()
@@ -236,6 +244,7 @@ GUARD = _GuardToken()
 def _make_kernel(op: OpOverload) -> Callable:
     """The kernel registered on the ops key for ``op``."""
     ops_key = _dispatch._keys.ops
+    op_id = id(op)  # rules are keyed by id: an OpOverload's own hash is a Python method
 
     def kernel(*args, **kwargs):
         if _compile_guard.tracing():
@@ -244,7 +253,7 @@ def _make_kernel(op: OpOverload) -> Callable:
         if frame is None or frame.region.closed:
             frame = innermost()
         if frame is not None:
-            rule = frame.rules.get(op)
+            rule = frame.rules.get(op_id)
             if rule is not None:
                 return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
         # Not this region's op: on, as if this key had no kernel for it.
@@ -334,97 +343,133 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 
 
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """Apply ``rule`` to one call: decide the dtype, cast, call, report."""
+    """Apply ``rule`` to one call: decide the dtype, cast, call, report.
+
+    Note: the hot path of a policy op (one pass over the inputs for LOWER and FP32, which need no
+    dtypes to decide; PROMOTE and FIRST look at the dtypes first)."""
     region = frame.region
-    dev = region.device_type
-    if has_explicit_dtype(args, kwargs):
+    if rule.takes_dtype and has_explicit_dtype(args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
-    input_only = rule.input_only and rule.casts_input_only(dev)
-    protected = rule.protected
+    on_device = region.on_device
+    input_only = rule.input_only and rule.casts_input_only(region.device_type)
     action = rule.action
-    # One pass over the inputs: which are on the region's device, and their eligible dtypes.
-    on_device = False
-    dtypes = []
-    for i, a in enumerate(args):
-        if i in protected and action is not CastPolicy.FIRST:
-            continue
-        if isinstance(a, _Tensor):
-            if a.is_floating_point() and a.device.type == dev:
-                on_device = True
-                if a.dtype is not _FLOAT64:
-                    dtypes.append(a.dtype)
-            if input_only:
-                break
-        elif isinstance(a, (list, tuple)):
-            for t in a:
-                if isinstance(t, _Tensor) and t.is_floating_point() and t.device.type == dev:
-                    on_device = True
-                    if t.dtype is not _FLOAT64:
-                        dtypes.append(t.dtype)
-    if not input_only:
-        for name, v in kwargs.items():
-            if isinstance(v, _Tensor) and v.is_floating_point() and v.device.type == dev:
-                on_device = True
-                if v.dtype is not _FLOAT64:
-                    dtypes.append(v.dtype)
-    if not on_device:
-        # Native autocast's kernel is reached only through a tensor of its device: as if the
-        # engine were not there (no event).
-        k = _dispatch._keys
-        return _pass_on(op, args, kwargs, k.ops, k.all)
-    if rule.banned is not None:
-        raise RuntimeError(f"{rule.name}: {rule.banned}")
-    if not dtypes:  # every floating input on the device is float64
-        return _unchanged(frame, rule, op, args, kwargs, level, "float64")
     if action is _LOWER:
         target = frame.dtype
     elif action is _FP32:
         target = _FLOAT32
     else:
-        target = compute_dtype(action, dtypes, frame.dtype, rule.name)
-    observer = region.observer
-    casts = [] if observer is not None else None
+        dtypes = _eligible_dtypes(rule, args, kwargs, on_device, input_only)
+        target = compute_dtype(action, dtypes, frame.dtype, rule.name) if dtypes else None
     k = _dispatch._keys
     all_on = not _is_excluded(k.all)
     _set_excluded(k.ops, True)
     if all_on:
         _set_excluded(k.all, True)
     try:
+        cast = _CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
+        observer = region.observer
+        casts = [] if observer is not None else None
         cache = region.cache if region.cache_enabled and target is frame.dtype else None
-        new_args = list(args)
+        protected = rule.protected
+        on = eligible = 0
+        new_args = None
         for i, a in enumerate(args):
-            if i in protected:
+            if protected and i in protected:
                 continue
             if isinstance(a, _Tensor):
-                new_args[i] = _cast(a, target, dev, cache, casts, rule.arg_names[i])
+                if a.is_floating_point() and on_device(a):
+                    on += 1
+                    dt = a.dtype
+                    if dt is not _FLOAT64:
+                        eligible += 1
+                        if dt is not target and target is not None:
+                            if new_args is None:
+                                new_args = list(args)
+                            new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i])
                 if input_only:
                     break
-            elif isinstance(a, list):
-                new_args[i] = [_cast(t, target, dev, cache, casts, f"{rule.arg_names[i]}[{j}]")
-                               if isinstance(t, _Tensor) else t for j, t in enumerate(a)]
-            elif isinstance(a, tuple):
-                new_args[i] = tuple(_cast(t, target, dev, cache, casts, f"{rule.arg_names[i]}[{j}]")
-                                    if isinstance(t, _Tensor) else t for j, t in enumerate(a))
+            elif type(a) is list or type(a) is tuple:
+                items = None
+                for j, t in enumerate(a):
+                    if isinstance(t, _Tensor) and t.is_floating_point() and on_device(t):
+                        on += 1
+                        dt = t.dtype
+                        if dt is not _FLOAT64:
+                            eligible += 1
+                            if dt is not target and target is not None:
+                                if items is None:
+                                    items = list(a)
+                                items[j] = _cast(t, dt, target, cast, cache, casts, f"{rule.arg_names[i]}[{j}]")
+                if items is not None:
+                    if new_args is None:
+                        new_args = list(args)
+                    new_args[i] = items if type(a) is list else tuple(items)
         new_kwargs = kwargs
         if kwargs and not input_only:
-            new_kwargs = {n: (_cast(v, target, dev, cache, casts, n) if isinstance(v, _Tensor) else v)
-                          for n, v in kwargs.items()}
-        out = op._op(*new_args, **new_kwargs)
+            new_kwargs = dict(kwargs)
+            for n, v in kwargs.items():
+                if isinstance(v, _Tensor) and v.is_floating_point() and on_device(v):
+                    on += 1
+                    dt = v.dtype
+                    if dt is not _FLOAT64:
+                        eligible += 1
+                        if dt is not target and target is not None:
+                            new_kwargs[n] = _cast(v, dt, target, cast, cache, casts, n)
+        if not on:
+            # No tensor of the region's device: native autocast's kernel would not have been
+            # reached, so the call goes on as if the engine were not there (no event).
+            _set_excluded(k.ops, False)
+            if all_on:
+                _set_excluded(k.all, False)
+            all_on = None
+            return _pass_on(op, args, kwargs, k.ops, k.all)
+        if rule.banned is not None:
+            raise RuntimeError(f"{rule.name}: {rule.banned}")
+        out = op._op(*(args if new_args is None else new_args), **new_kwargs)
         if observer is not None:
-            observer(Event(op, level, Outcome.CAST, action, rule.default, None, _dtypes(args, kwargs),
-                           target, tuple(casts), args, kwargs))
+            if eligible:
+                event = Event(op, level, Outcome.CAST, action, rule.default, None, _dtypes(args, kwargs),
+                              target, tuple(casts), args, kwargs)
+            else:  # every floating input on the device is float64
+                event = Event(op, level, Outcome.INELIGIBLE, action, rule.default, "float64",
+                              _dtypes(args, kwargs), _first_floating(out), (), args, kwargs)
+            observer(event)
         return out
     finally:
-        _set_excluded(k.ops, False)
-        if all_on:
-            _set_excluded(k.all, False)
+        if all_on is not None:
+            _set_excluded(k.ops, False)
+            if all_on:
+                _set_excluded(k.all, False)
 
 
-def _cast(t: torch.Tensor, target: torch.dtype, dev: str, cache: Optional[dict], casts: Optional[list],
-          arg: str) -> torch.Tensor:
-    dt = t.dtype
-    if dt is target or dt is _FLOAT64 or not t.is_floating_point() or t.device.type != dev:
-        return t
+_CAST = {torch.bfloat16: _Tensor.bfloat16, torch.float16: _Tensor.half, torch.float32: _Tensor.float}
+
+
+def _eligible_dtypes(rule: OpRule, args: tuple, kwargs: dict, on_device, input_only: bool) -> list:
+    """The eligible inputs' dtypes in argument order (PROMOTE and FIRST decide from them). An
+    argument the op writes counts under FIRST: HPU's iadd keeps the dtype of its ``self``."""
+    protected = rule.protected if rule.action is not CastPolicy.FIRST else ()
+    dtypes = []
+    for i, a in enumerate(args):
+        if i in protected:
+            continue
+        if isinstance(a, _Tensor):
+            if a.is_floating_point() and a.dtype is not _FLOAT64 and on_device(a):
+                dtypes.append(a.dtype)
+            if input_only:
+                return dtypes
+        elif type(a) is list or type(a) is tuple:
+            dtypes.extend(t.dtype for t in a if isinstance(t, _Tensor) and t.is_floating_point()
+                          and t.dtype is not _FLOAT64 and on_device(t))
+    if not input_only:
+        dtypes.extend(v.dtype for v in kwargs.values() if isinstance(v, _Tensor) and v.is_floating_point()
+                      and v.dtype is not _FLOAT64 and on_device(v))
+    return dtypes
+
+
+def _cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Callable, cache: Optional[dict],
+          casts: Optional[list], arg: str) -> torch.Tensor:
+    """``t`` (eligible, of dtype ``dt``) cast to ``target``, through the cast cache where it applies."""
     if cache is not None and dt is _FLOAT32 and t.requires_grad and t.is_leaf and not t._is_view():
         key = (id(t), target)
         hit = cache.get(key)
@@ -432,13 +477,13 @@ def _cast(t: torch.Tensor, target: torch.dtype, dev: str, cache: Optional[dict],
             if casts is not None:
                 casts.append(Cast(arg, dt, target, hit[1].numel() * target.itemsize, True, t))
             return hit[1]
-        c = t.to(target)
+        c = cast(t)
         # Only copies that carry their ToCopyBackward: one made under no_grad would starve a
         # later use with grad enabled of the weight's gradient (native autocast caches it anyway).
         if _grad_enabled():
             cache[key] = (t, c)
     else:
-        c = t.to(target)
+        c = cast(t)
     if casts is not None:
         casts.append(Cast(arg, dt, target, c.numel() * target.itemsize, False, t))
     return c

@@ -22,7 +22,7 @@ class OpRule:
     """How one overload is handled."""
 
     __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "banned",
-                 "arg_names", "default")
+                 "arg_names", "takes_dtype", "default")
 
     def __init__(self, op: OpOverload, action: CastPolicy, input_only: bool = False,
                  banned: Optional[str] = None, default: Optional[str] = None) -> None:
@@ -35,6 +35,8 @@ class OpRule:
         self.protected = frozenset(i for i, _ in _ops.written_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
+        #: Whether a call can pass a dtype (then it has no rule: seed 003's explicit ``dtype=``).
+        self.takes_dtype = any("ScalarType" in str(getattr(a, "real_type", a.type)) for a in op._schema.arguments)
         #: Which of the policy's defaults for ops on no list made this rule (HMP): ``"unlisted"``
         #: (functional ops) or ``"in-place"``; ``None`` for a rule of the table.
         self.default = default
@@ -53,7 +55,7 @@ class OpRule:
 class CompiledPolicy:
     """A policy's rules, keyed by overload, plus its defaults for ops on no list."""
 
-    __slots__ = ("policy", "rules", "has_defaults", "_defaults", "key")
+    __slots__ = ("policy", "rules", "by_id", "has_defaults", "_defaults", "key", "registered")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -64,11 +66,15 @@ class CompiledPolicy:
         for op, message in banned.items():
             if op not in self.rules:
                 self.rules[op] = OpRule(op, CastPolicy.FP32, False, message)
+        #: The same rules keyed by ``id(op)``, which hashes in C (the kernels look them up).
+        self.by_id: Dict[int, OpRule] = {id(op): rule for op, rule in self.rules.items()}
         #: Whether ops on no list may still have a rule (HMP's ``unlisted``/``inplace``).
         self.has_defaults = policy.unlisted is not None or policy.inplace is not None
         self._defaults: Dict[OpOverload, Optional[OpRule]] = {}
         #: A short string that tells policies apart (Dynamo guards compiled code on it).
         self.key = f"{policy.name}#{hash(policy) & 0xFFFFFFFF:08x}"
+        #: Whether the engine's kernels for these rules are registered (done at the first region).
+        self.registered = False
 
     def default_rule(self, op: OpOverload) -> Optional[OpRule]:
         """The rule for an op on no list under the policy's ``unlisted``/``inplace`` defaults
