@@ -148,7 +148,7 @@ name_chars = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=4, max_siz
        invalid=st.lists(name_chars.filter(lambda n: n not in VALID), max_size=3, unique=True),
        data=st.data())
 def test_generated_list_files(tmp_path, valid, invalid, data):
-    from hpu_autocast.resolve import _known_names
+    from hpu_autocast.names import _known_names
 
     invalid = [n for n in invalid if n not in _known_names() and not n.startswith("_")]
     lines = data.draw(st.permutations(valid + invalid))

@@ -14,7 +14,7 @@ from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enab
 from .policy import CastPolicy, Policy
 from .presets import build_policy, get_preset, preset_names
 from .report import PrecisionReport, Recorder, op_graph, record
-from .resolve import PolicyError, resolve
+from .names import PolicyError, resolve
 from .trace import cast_nodes, trace
 
 __all__ = [

@@ -112,12 +112,13 @@ def packet_of(op: OpOverload) -> OpOverloadPacket:
 
 
 def find_packet(namespace: str, name: str) -> Optional[OpOverloadPacket]:
-    """``torch.ops.<namespace>.<name>`` or ``None``."""
+    """``torch.ops.<namespace>.<name>`` if that is an op, else ``None`` (also for the other
+    attributes of a namespace, such as ``torch.ops.aten.__name__``)."""
     try:
-        ns = getattr(torch.ops, namespace)
-        return getattr(ns, name)
+        packet = getattr(getattr(torch.ops, namespace), name)
     except (AttributeError, RuntimeError):
         return None
+    return packet if isinstance(packet, OpOverloadPacket) else None
 
 
 def all_overloads(namespace: str = "aten") -> Iterator[OpOverload]:

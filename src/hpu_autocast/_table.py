@@ -27,7 +27,7 @@ from torch._ops import OpOverload
 
 from . import _compat, _ops
 from .policy import CastPolicy, Policy
-from .resolve import PYTHON_ALIASES
+from .names import PYTHON_ALIASES
 
 __all__ = ["OpRule", "FuncRule", "CompiledPolicy", "compile_policy", "DEFER"]
 

@@ -19,7 +19,7 @@ from . import _report_cli
 from .overrides import policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
-from .resolve import PolicyError, resolve
+from .names import PolicyError, resolve
 
 __all__ = ["build_parser", "main", "policy_rows", "render_policy", "policies_markdown"]
 

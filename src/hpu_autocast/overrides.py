@@ -21,7 +21,7 @@ from torch._ops import OpOverload
 
 from .policy import CastPolicy, Policy
 from .presets import check_no_conflict
-from .resolve import PolicyError, Source, resolve
+from .names import PolicyError, Source, resolve
 
 __all__ = ["read_list", "with_lists", "policy_from_files", "policy_from_env", "ENV_LOWER", "ENV_FP32"]
 

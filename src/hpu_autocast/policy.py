@@ -2,7 +2,7 @@
 
 A ``Policy`` knows nothing about how casting happens; the engine reads it. Presets build
 policies from op names (see ``hpu_autocast.presets``); all name handling lives in
-``hpu_autocast.resolve``.
+``hpu_autocast.names``.
 """
 
 from __future__ import annotations

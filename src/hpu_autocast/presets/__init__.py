@@ -12,7 +12,7 @@ from torch._ops import OpOverload
 
 from .. import _ops
 from ..policy import CastPolicy, Policy
-from ..resolve import PolicyError, Source, resolve
+from ..names import PolicyError, Source, resolve
 import dataclasses
 
 from . import hmp as _hmp
@@ -92,7 +92,7 @@ def build_policy(
 ) -> Policy:
     """Build a ``Policy`` from op names.
 
-    Each list holds names (see ``hpu_autocast.resolve``) or ``(name, (file, line))`` pairs,
+    Each list holds names (see ``hpu_autocast.names``) or ``(name, (file, line))`` pairs,
     which error messages then cite. An overload on both the lower and the FP32 list is an
     error naming both entries. The lower and FP32 lists take precedence over promote. An
     in-place overload on the promote list keeps its first input's dtype (``CastPolicy.FIRST``).

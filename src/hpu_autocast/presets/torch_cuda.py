@@ -1,7 +1,7 @@
 """PyTorch's CUDA autocast: the lists of seed 003 (``torch.amp`` docs, "CUDA Ops that can
 autocast to float16", "CUDA Ops that can autocast to float32", "CUDA Ops that promote to the
 widest input type"), verbatim, with the Python-level names the docs use (``__matmul__``,
-``GRUCell``) resolved by ``hpu_autocast.resolve``. bfloat16 shares the float16 list.
+``GRUCell``) resolved by ``hpu_autocast.names``. bfloat16 shares the float16 list.
 
 The loader keeps, of each name, the overloads torch registers for ``AutocastCUDA`` and the
 composite entries (``cross_entropy_loss``, ``conv1d.padding``) whose insides native autocast

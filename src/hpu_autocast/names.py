@@ -1,4 +1,4 @@
-"""One resolver from the op names users write to the ``OpOverload`` keys policies use.
+"""The one resolver from the op names users write to the ``OpOverload`` keys policies use.
 
 Accepted spellings (see ``resolve``)::
 
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from torch._ops import OpOverload
 
 from . import _ops
 
-__all__ = ["PolicyError", "resolve", "resolve_many", "Source"]
+__all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "resolve", "suggestions"]
 
 #: Python-level spellings used by the seed documents and by HMP/Gaudi list files, mapped to
 #: ATen packet names. A tuple maps to several packets.
@@ -122,7 +122,7 @@ def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
     if not isinstance(name, str) or not name.strip():
         raise PolicyError(f"op names must be non-empty strings, got {name!r}{_where(source)}")
     name = name.strip()
-    if isinstance(name, str) and name in PYTHON_ALIASES:
+    if name in PYTHON_ALIASES:
         targets = PYTHON_ALIASES[name]
         targets = (targets,) if isinstance(targets, str) else targets
         return [op for t in targets for op in resolve(t, source)]
@@ -130,16 +130,21 @@ def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
     if ns == "aten" and base in PYTHON_ALIASES and overload is None:
         return resolve(base, source)
     packet = _ops.find_packet(ns, base)
-    if packet is None or not isinstance(packet, OpOverloadPacket):
+    if packet is None:
         raise _unknown(name, source)
     if overload is not None:
+        # Note: only the names the packet lists are overloads; any other attribute of it
+        # (``mm.overloads``, ``mm.__name__``) is a method or a string, never a policy key.
         try:
-            return [getattr(packet, overload)]
+            op = getattr(packet, overload) if overload in packet.overloads() else None
         except (AttributeError, RuntimeError):
+            op = None
+        if not isinstance(op, OpOverload):
             valid = ", ".join(sorted(packet.overloads()))
             raise PolicyError(
                 f"unknown overload {name!r}{_where(source)}; {ns}::{base} has: {valid}"
-            ) from None
+            )
+        return [op]
     ops = list(_ops.overloads(packet))
     if base.endswith("_"):
         # A spelled in-place packet: every overload of it.
@@ -148,16 +153,3 @@ def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
     if not functional:
         raise _unknown(name, source, why="op has no functional overload:")
     return functional
-
-
-def resolve_many(names: Iterable, source_file: Optional[str] = None) -> List[OpOverload]:
-    """Resolve several names (or ``OpOverload``/``OpOverloadPacket`` objects) in order."""
-    out: List[OpOverload] = []
-    for i, name in enumerate(names):
-        if isinstance(name, OpOverload):
-            out.append(name)
-        elif isinstance(name, OpOverloadPacket):
-            out.extend(op for op in _ops.overloads(name) if _ops.is_functional(op))
-        else:
-            out.extend(resolve(name, (source_file, None) if source_file else None))
-    return out

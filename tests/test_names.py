@@ -61,6 +61,17 @@ def test_unknown_names(name, message):
         resolve(name)
 
 
+@pytest.mark.parametrize("name", ["mm.overloads", "mm.__name__", "aten.mm.__doc__", "aten::mm.__call__",
+                                  "aten.mm.overloads"])
+def test_attributes_of_a_packet_are_not_overloads(name):
+    # Only the names packet.overloads() lists are overloads; resolve once returned the bound
+    # method or string an attribute lookup gave (``mm.overloads`` -> [<bound method ...>]).
+    valid = ", ".join(sorted(aten.mm.overloads()))
+    with pytest.raises(PolicyError) as err:
+        resolve(name, ("lower.txt", 3))
+    assert str(err.value) == f"unknown overload {name!r} (lower.txt, line 3); aten::mm has: {valid}"
+
+
 def test_unknown_name_cites_its_source():
     with pytest.raises(PolicyError, match=r"unknown op 'softmaxx' \(lists/lower.txt, line 7\); closest valid names: softmax"):
         resolve("softmaxx", ("lists/lower.txt", 7))
