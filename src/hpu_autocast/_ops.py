@@ -107,6 +107,12 @@ def qualified_name(op: OpOverload) -> str:
     return str(op)
 
 
+def overload_named(qualified: str) -> OpOverload:
+    """The overload ``qualified_name`` spells: ``"aten.addmm.default"`` -> ``aten.addmm.default``."""
+    namespace, packet, overload = qualified.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
 def packet_of(op: OpOverload) -> OpOverloadPacket:
     return op.overloadpacket
 
