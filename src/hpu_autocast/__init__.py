@@ -11,8 +11,9 @@ from . import amp, checkpoint, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
 from .compare import Comparison, compare
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled
+from .builder import build_policy, with_lists
 from .policy import CastPolicy, Policy
-from .presets import build_policy, get_preset, preset_names
+from .presets import get_preset, preset_names
 from .report import PrecisionReport, Recorder, op_graph, record
 from .names import PolicyError, resolve
 from .trace import cast_nodes, trace
@@ -45,6 +46,7 @@ __all__ = [
     "report",
     "resolve",
     "trace",
+    "with_lists",
 ]
 
 __version__ = "0.1.0"

@@ -16,7 +16,7 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from . import _report_cli
-from .overrides import policy_from_files, read_list
+from .builder import policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
 from .names import PolicyError, resolve

@@ -10,23 +10,10 @@ import torch
 from . import _compile_hooks, hpu
 from ._engine import Region, engine_for_thread
 from ._table import compile_policy
+from .builder import as_policy as _as_policy
 from .policy import Policy
-from .presets import get_preset
 
 __all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy"]
-
-
-def _as_policy(policy: Union[str, Policy]) -> Policy:
-    if isinstance(policy, Policy):
-        return policy
-    if isinstance(policy, str):
-        if policy == "hpu":
-            # Gaudi's override files (PT_HPU_AUTOCAST_*_OPS_LIST), read when such a mode is made.
-            from .overrides import policy_from_env
-
-            return policy_from_env("hpu")
-        return get_preset(policy)
-    raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
 
 
 class HpuAutocastMode:

@@ -1,8 +1,8 @@
 """Cast policies as plain, frozen data: a table from ``OpOverload`` to ``CastPolicy``.
 
-A ``Policy`` knows nothing about how casting happens; the engine reads it. Presets build
-policies from op names (see ``hpu_autocast.presets``); all name handling lives in
-``hpu_autocast.names``.
+A ``Policy`` knows nothing about how casting happens, nor about op names: the engine reads
+it, ``hpu_autocast.builder`` builds it from names (resolved by ``hpu_autocast.names``), and
+``hpu_autocast.presets`` says which names make each preset.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Iterable, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
 from torch._ops import OpOverload
@@ -140,14 +140,6 @@ class Policy:
     def ops(self, action: CastPolicy) -> list:
         """The overloads with ``action``, sorted by name."""
         return sorted((op for op, a in self.table.items() if a is action), key=str)
-
-    def with_lists(self, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
-                   promote: Optional[Iterable] = None, name: Optional[str] = None) -> "Policy":
-        """A new policy whose lower, FP32 and/or promote lists are replaced by these op names
-        (see ``hpu_autocast.overrides.with_lists``)."""
-        from .overrides import with_lists
-
-        return with_lists(self, lower=lower, fp32=fp32, promote=promote, name=name)
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         """Raise ``ValueError`` naming ``dtype`` if this policy cannot run in it."""

@@ -1,5 +1,5 @@
-"""Override lists: files (Gaudi's environment variables, HMP's file arguments) and programmatic
-lists. Each error names its culprit."""
+"""The builder: policies from names, override lists from files (Gaudi's environment variables,
+HMP's file arguments) and in code. Each error names its culprit."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, get_preset
-from hpu_autocast.overrides import policy_from_env, policy_from_files, read_list
+from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, get_preset, with_lists
+from hpu_autocast.builder import policy_from_env, policy_from_files, read_list
 
 MM, EXP, MUL = torch.ops.aten.mm.default, torch.ops.aten.exp.default, torch.ops.aten.mul.Tensor
 
@@ -48,12 +48,12 @@ def test_empty_path_keeps_the_list():
 
 def test_with_lists_returns_a_new_policy():
     base = get_preset("hpu")
-    policy = base.with_lists(fp32=["mm"], promote=["maximum"])
+    policy = with_lists(base, fp32=["mm"], promote=["maximum"])
     assert policy is not base and policy.table[MM] is CastPolicy.FP32
     assert policy.table[torch.ops.aten.maximum.default] is CastPolicy.PROMOTE
     assert base.table[MM] is CastPolicy.LOWER  # untouched
     # Named on a new FP32 list, mm leaves the kept default lower list; exp leaves FP32 likewise.
-    assert get_preset("hpu").with_lists(lower=["exp"]).table[EXP] is CastPolicy.LOWER
+    assert with_lists(get_preset("hpu"), lower=["exp"]).table[EXP] is CastPolicy.LOWER
 
 
 def test_environment_variables(tmp_path, monkeypatch):

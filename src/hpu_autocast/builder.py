@@ -1,0 +1,310 @@
+"""The one policy builder: op names become a ``Policy`` here, for the presets, for
+``with_lists`` and for list files.
+
+    build_policy(name, lower=[...], fp32=[...], promote=[...])   a policy from op names
+    with_lists(policy, lower=[...])                               a policy with lists replaced
+    read_list(path)                                               a list file's names, with lines
+    policy_from_files(preset, lower=path, fp32=path)              Gaudi's and HMP's list files
+    policy_from_env()                                             Gaudi's environment variables
+    as_policy(preset_or_policy)                                   the policy a region runs
+
+Names become overloads in one loop (``_overloads``, through ``names.resolve``) and overloads
+become a table in one place (``_table``): the lower and FP32 lists take precedence over
+promote, an in-place overload on the promote list keeps its first input's dtype, and an op on
+both the lower and the FP32 list is an error naming both entries.
+
+A list file holds one op name per line; blank lines and ``#`` comments are allowed. A list
+*replaces* the policy's list of that kind, as seed 000 says of Gaudi's override files; the
+promote list stays unless one is given.
+
+    PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST=/path/lower.txt   (deprecated: LOWER_LIST)
+    PT_HPU_AUTOCAST_FP32_OPS_LIST=/path/fp32.txt               (deprecated: FP32_LIST)
+
+are read when a mode with the default policy (``"hpu"``) is created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import torch
+from torch._ops import OpOverload
+
+from . import _ops
+from .names import PolicyError, Source, resolve
+from .policy import CastPolicy, Policy
+
+__all__ = ["build_policy", "with_lists", "read_list", "policy_from_files", "policy_from_env", "as_policy",
+           "check_no_conflict", "ENV_LOWER", "ENV_FP32"]
+
+ENV_LOWER = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
+ENV_FP32 = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+#: Deprecated variable -> the variable that replaces it.
+DEPRECATED_ENV = {"LOWER_LIST": ENV_LOWER, "FP32_LIST": ENV_FP32}
+#: The preset a mode runs when it is given none; the environment's list files apply to it.
+DEFAULT_PRESET = "hpu"
+
+PathLike = Union[str, "os.PathLike[str]"]
+#: An op name and where it came from (``(file, line)`` or ``None``), for messages.
+Entry = Tuple[str, Optional[Source]]
+
+
+# --- names to overloads -------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Rules:
+    """How a list's names become overloads.
+
+    ``tolerate_missing`` skips names this torch does not have (recorded in ``Policy.missing``);
+    ``registered`` keeps only overloads with a kernel for that dispatch key (``"AutocastCPU"``
+    makes a preset exactly what native autocast registers); ``keep_composites`` keeps
+    composite entries too, whose insides native autocast casts.
+    """
+
+    tolerate_missing: bool = False
+    registered: Optional[str] = None
+    keep_composites: bool = False
+
+
+def _entries(names: Iterable) -> List[Entry]:
+    return [n if isinstance(n, tuple) else (n, None) for n in names]
+
+
+def _overloads(entries: Iterable[Entry], rules: _Rules, missing: List[str]) -> Dict[OpOverload, Entry]:
+    """The one loop from names to overloads: ``{overload: the entry that named it}``, in list
+    order. Names ``rules`` lets go of are appended to ``missing``."""
+    out: Dict[OpOverload, Entry] = {}
+    for name, source in entries:
+        try:
+            ops = resolve(name, source)
+        except PolicyError:
+            if not rules.tolerate_missing:
+                raise
+            missing.append(name)
+            continue
+        if rules.registered is not None:
+            ops = [op for op in ops if _ops.has_kernel(op, rules.registered)
+                   or (rules.keep_composites and _ops.is_composite(op))]
+            if not ops:
+                missing.append(name)
+                continue
+        for op in ops:
+            out.setdefault(op, (name, source))
+    return out
+
+
+# --- overloads to a table -----------------------------------------------------------------------
+
+def _describe(entry: Entry) -> str:
+    name, source = entry
+    if source and source[0]:
+        return f"{name!r} ({source[0]}, line {source[1]})" if source[1] else f"{name!r} ({source[0]})"
+    return repr(name)
+
+
+def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry]) -> None:
+    """Raise ``PolicyError`` naming the first op (in lower-list order) that is on both lists,
+    with the entries that put it there, and how many more there are."""
+    both = [op for op in low if op in f32]
+    if both:
+        op = both[0]
+        more = f" (and {len(both) - 1} more: {', '.join(str(o) for o in both[1:4])}{', ...' if len(both) > 4 else ''})" \
+            if len(both) > 1 else ""
+        raise PolicyError(f"{op} is on both the lower-precision list, as {_describe(low[op])}, "
+                          f"and the FP32 list, as {_describe(f32[op])}; remove it from one{more}")
+
+
+def _table(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry],
+           pro: Iterable[OpOverload]) -> Dict[OpOverload, CastPolicy]:
+    """The one table assembly. The lower and FP32 lists take precedence over promote; an
+    in-place overload on the promote list keeps its first input's dtype (``FIRST``)."""
+    check_no_conflict(low, f32)
+    table = {op: CastPolicy.FIRST if _ops.is_inplace(op) else CastPolicy.PROMOTE for op in pro}
+    table.update(dict.fromkeys(low, CastPolicy.LOWER))
+    table.update(dict.fromkeys(f32, CastPolicy.FP32))
+    return table
+
+
+def build_policy(
+    name: str,
+    *,
+    lower: Iterable = (),
+    fp32: Iterable = (),
+    promote: Iterable = (),
+    input_only: Iterable = (),
+    banned: Optional[Mapping[str, str]] = None,
+    dtypes: tuple = (torch.bfloat16, torch.float16),
+    unlisted: Optional[CastPolicy] = None,
+    inplace: Optional[CastPolicy] = None,
+    tolerate_missing: bool = False,
+    registered: Optional[str] = None,
+    keep_composites: bool = False,
+) -> Policy:
+    """Build a ``Policy`` from op names.
+
+    Each list holds names (see ``hpu_autocast.names``) or ``(name, (file, line))`` pairs,
+    which error messages then cite. ``input_only`` and ``banned`` (name -> the error a call
+    raises) name ops of the lists; ``unlisted`` and ``inplace`` are the rules for ops on no
+    list (HMP's first-input rule). ``tolerate_missing``, ``registered`` and
+    ``keep_composites`` are the presets' version rules (see ``_Rules``).
+    """
+    rules = _Rules(tolerate_missing, registered, keep_composites)
+    missing: List[str] = []
+    low = _overloads(_entries(lower), rules, missing)
+    f32 = _overloads(_entries(fp32), rules, missing)
+    pro = _overloads(_entries(promote), rules, missing)
+    table = _table(low, f32, pro)
+    only = {op for op in _overloads(_entries(input_only), _Rules(), []) if op in table}
+    banned = dict(banned or {})
+    ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned), _Rules(), []).items()}
+    return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
+                  missing=tuple(dict.fromkeys(missing)), unlisted=unlisted, inplace=inplace,
+                  promoted=frozenset(pro))
+
+
+def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
+               promote: Optional[Iterable] = None, name: Optional[str] = None) -> Policy:
+    """A new policy whose lower, FP32 and/or promote lists are replaced by these names.
+
+    Each list holds op names or ``(name, (file, line))`` entries, every one of which must
+    resolve; a list left ``None`` keeps the policy's own. An op on both a given lower list and
+    a given FP32 list is an error naming both entries; an op a given list names leaves the
+    kept default list of the other kind.
+    """
+    def kept(*actions: CastPolicy) -> Dict[OpOverload, Entry]:
+        return {op: (str(op), None) for op, a in policy.table.items() if a in actions}
+
+    def given(names: Iterable) -> Dict[OpOverload, Entry]:
+        return _overloads(_entries(names), _Rules(), [])
+
+    low = given(lower) if lower is not None else kept(CastPolicy.LOWER)
+    f32 = given(fp32) if fp32 is not None else kept(CastPolicy.FP32)
+    if promote is not None:
+        pro = given(promote)
+    else:
+        pro = {**kept(CastPolicy.PROMOTE, CastPolicy.FIRST), **{op: (str(op), None) for op in policy.promoted}}
+    # A user's list wins over a kept default list; two user lists naming one op conflict.
+    if lower is not None and fp32 is None:
+        f32 = {op: e for op, e in f32.items() if op not in low}
+    elif fp32 is not None and lower is None:
+        low = {op: e for op, e in low.items() if op not in f32}
+    table = _table(low, f32, pro)
+    input_only = {op for op in policy.input_only if table.get(op) is CastPolicy.LOWER}
+    return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",
+                               input_only=input_only, promoted=frozenset(pro))
+
+
+# --- preset names ----------------------------------------------------------------------------------
+
+# [Note: the registry hands in its lookup]
+# hpu_autocast.presets builds its policies with this module, so this module may not import it
+# back, not even inside a function (tests/test_import_graph.py keeps the package free of
+# cycles). A preset *name* given here is looked up with the function the registry installs
+# when it is imported; `import hpu_autocast` imports it before anything can be called.
+_preset_lookup: Optional[Callable[[str], Policy]] = None
+
+
+def set_preset_lookup(lookup: Callable[[str], Policy]) -> None:
+    """Called once by ``hpu_autocast.presets`` with its ``get_preset``."""
+    global _preset_lookup
+    _preset_lookup = lookup
+
+
+def as_policy(policy: Union[str, Policy], *, env: bool = True) -> Policy:
+    """The policy a region runs for ``policy``: a ``Policy`` as it is, or the preset of that
+    name. The default preset, ``"hpu"``, takes the lists named by Gaudi's environment
+    variables (``policy_from_env``) unless ``env=False``."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        if env and policy == DEFAULT_PRESET:
+            return policy_from_env(policy)
+        return _preset_lookup(policy)
+    raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
+
+
+# --- list files ------------------------------------------------------------------------------------
+
+def read_list(path: PathLike) -> List[Entry]:
+    """The op names of a list file, each with its ``(file, line)``.
+
+    Raises ``PolicyError`` naming the file when it is missing, unreadable or not text.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise PolicyError(f"op list file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise PolicyError(f"op list file {path!r} is a directory, not a file") from None
+    except OSError as e:
+        raise PolicyError(f"op list file {path!r} cannot be read: {e.strerror}") from None
+    if b"\0" in data:
+        raise PolicyError(f"op list file {path!r} is not a text file (it contains NUL bytes)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PolicyError(f"op list file {path!r} is not UTF-8 text (bad byte at offset {e.start})") from None
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        name = line.split("#", 1)[0].strip()
+        if name:
+            entries.append((name, (path, number)))
+    return entries
+
+
+def policy_from_files(preset: Union[str, Policy], *, lower: Optional[PathLike] = None,
+                      fp32: Optional[PathLike] = None) -> Policy:
+    """``preset`` (a name or a ``Policy``) with its lower and/or FP32 list replaced by the
+    contents of list files. An empty path (HMP scripts pass ``""``) or ``None`` keeps that list.
+    """
+    base = as_policy(preset, env=False)
+    lower_entries = read_list(lower) if lower else None
+    fp32_entries = read_list(fp32) if fp32 else None
+    if lower_entries is None and fp32_entries is None:
+        return base
+    return with_lists(base, lower=lower_entries, fp32=fp32_entries)
+
+
+def _env_path(new: str) -> Optional[str]:
+    value = os.environ.get(new)
+    if value:
+        return value
+    for old, replacement in DEPRECATED_ENV.items():
+        if replacement == new and os.environ.get(old):
+            warnings.warn(f"{old} is deprecated; set {new} instead", DeprecationWarning, stacklevel=4)
+            return os.environ[old]
+    return None
+
+
+_cache: Dict[tuple, Policy] = {}
+
+
+def _stamp(path: Optional[str]) -> Optional[tuple]:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, None)  # read_list reports it
+    return (path, st.st_mtime_ns, st.st_size)
+
+
+def policy_from_env(preset: str = DEFAULT_PRESET) -> Policy:
+    """``preset`` with the lists named by Gaudi's environment variables, if any are set.
+
+    Files are read again only when their path, modification time or size changes, so
+    creating many modes stays cheap.
+    """
+    lower, fp32 = _env_path(ENV_LOWER), _env_path(ENV_FP32)
+    if not lower and not fp32:
+        return as_policy(preset, env=False)
+    key = (preset, _stamp(lower), _stamp(fp32))
+    policy = _cache.get(key)
+    if policy is None:
+        policy = _cache[key] = policy_from_files(preset, lower=lower, fp32=fp32)
+    return policy
