@@ -56,6 +56,21 @@ def test_with_lists_returns_a_new_policy():
     assert with_lists(get_preset("hpu"), lower=["exp"]).table[EXP] is CastPolicy.LOWER
 
 
+@pytest.mark.parametrize("call", ["with_lists", "build_policy"])
+def test_a_string_for_a_list_is_refused_with_the_fix(call):
+    # with_lists(lower="mm") was read as the names "m", "m" (two unknown-op errors at best).
+    from hpu_autocast import build_policy
+
+    with pytest.raises(TypeError) as err:
+        if call == "with_lists":
+            with_lists(get_preset("hpu"), lower="mm")
+        else:
+            build_policy("x", fp32="mm, bmm")
+    arg, fix = ("lower", '["mm"]') if call == "with_lists" else ("fp32", '["mm", "bmm"]')
+    assert str(err.value).startswith(f"{arg}= takes a list of op names, not a string: ")
+    assert str(err.value).endswith(f"; write {arg}={fix}")
+
+
 def test_environment_variables(tmp_path, monkeypatch):
     lower = _write(tmp_path, "lower.txt", "mm\n")
     fp32 = _write(tmp_path, "fp32.txt", "addmm\n")

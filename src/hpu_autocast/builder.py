@@ -69,7 +69,13 @@ class _Rules:
     keep_composites: bool = False
 
 
-def _entries(names: Iterable) -> List[Entry]:
+def _entries(names: Iterable, arg: str) -> List[Entry]:
+    """A list argument as entries. A string is refused: it would be read letter by letter."""
+    if isinstance(names, str):
+        fix = "[" + ", ".join(f'"{n}"' for n in names.replace(",", " ").split()) + "]"
+        letters = ", ".join(repr(c) for c in names[:3]) + (", ..." if len(names) > 3 else "")
+        raise TypeError(f"{arg}= takes a list of op names, not a string: {names!r} would be read as the "
+                        f"names {letters}; write {arg}={fix}")
     return [n if isinstance(n, tuple) else (n, None) for n in names]
 
 
@@ -153,13 +159,13 @@ def build_policy(
     """
     rules = _Rules(tolerate_missing, registered, keep_composites)
     missing: List[str] = []
-    low = _overloads(_entries(lower), rules, missing)
-    f32 = _overloads(_entries(fp32), rules, missing)
-    pro = _overloads(_entries(promote), rules, missing)
+    low = _overloads(_entries(lower, "lower"), rules, missing)
+    f32 = _overloads(_entries(fp32, "fp32"), rules, missing)
+    pro = _overloads(_entries(promote, "promote"), rules, missing)
     table = _table(low, f32, pro)
-    only = {op for op in _overloads(_entries(input_only), _Rules(), []) if op in table}
+    only = {op for op in _overloads(_entries(input_only, "input_only"), _Rules(), []) if op in table}
     banned = dict(banned or {})
-    ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned), _Rules(), []).items()}
+    ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned, "banned"), _Rules(), []).items()}
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
                   missing=tuple(dict.fromkeys(missing)), unlisted=unlisted, inplace=inplace,
                   promoted=frozenset(pro))
@@ -177,13 +183,13 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     def kept(*actions: CastPolicy) -> Dict[OpOverload, Entry]:
         return {op: (str(op), None) for op, a in policy.table.items() if a in actions}
 
-    def given(names: Iterable) -> Dict[OpOverload, Entry]:
-        return _overloads(_entries(names), _Rules(), [])
+    def given(names: Iterable, arg: str) -> Dict[OpOverload, Entry]:
+        return _overloads(_entries(names, arg), _Rules(), [])
 
-    low = given(lower) if lower is not None else kept(CastPolicy.LOWER)
-    f32 = given(fp32) if fp32 is not None else kept(CastPolicy.FP32)
+    low = given(lower, "lower") if lower is not None else kept(CastPolicy.LOWER)
+    f32 = given(fp32, "fp32") if fp32 is not None else kept(CastPolicy.FP32)
     if promote is not None:
-        pro = given(promote)
+        pro = given(promote, "promote")
     else:
         pro = {**kept(CastPolicy.PROMOTE, CastPolicy.FIRST), **{op: (str(op), None) for op in policy.promoted}}
     # A user's list wins over a kept default list; two user lists naming one op conflict.
