@@ -27,6 +27,14 @@ def test_read_list_skips_blanks_and_comments(tmp_path):
     assert read_list(path) == [("mm", (path, 2)), ("addmm", (path, 4))]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_name(tmp_path):
+    # Was: "unknown op '\ufeffmm'" for a UTF-8 file saved with a byte-order mark.
+    p = tmp_path / "bom.txt"
+    p.write_bytes("mm\r\nbmm\r\n".encode("utf-8-sig"))
+    assert read_list(p) == [("mm", (str(p), 1)), ("bmm", (str(p), 2))]
+    assert policy_from_files("hpu", lower=p).table[MM] is CastPolicy.LOWER
+
+
 def test_files_replace_the_lists(tmp_path):
     lower = _write(tmp_path, "lower.txt", "mm\nexp\n")
     fp32 = _write(tmp_path, "fp32.txt", "linear\n")

@@ -252,7 +252,7 @@ def read_list(path: PathLike) -> List[Entry]:
     if b"\0" in data:
         raise PolicyError(f"op list file {path!r} is not a text file (it contains NUL bytes)")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # Windows editors start UTF-8 files with a byte-order mark
     except UnicodeDecodeError as e:
         raise PolicyError(f"op list file {path!r} is not UTF-8 text (bad byte at offset {e.start})") from None
     entries = []
