@@ -3,7 +3,7 @@ HMP's file arguments) and in code. Each error names its culprit."""
 
 from __future__ import annotations
 
-import warnings
+import os
 
 import pytest
 import torch
@@ -102,6 +102,45 @@ def test_files_read_again_when_changed(tmp_path, monkeypatch):
     (tmp_path / "lower.txt").write_text("mm\nbmm\n")
     assert torch.ops.aten.bmm.default in policy_from_env().table
     assert torch.ops.aten.bmm.default not in first.table
+
+
+def test_files_are_read_only_when_their_path_mtime_or_size_changes(tmp_path, monkeypatch):
+    from hpu_autocast import builder
+
+    reads = []
+    monkeypatch.setattr(builder, "read_list", lambda path: reads.append(path) or read_list(path))
+    path = _write(tmp_path, "lower.txt", "mm\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", path)
+    first = policy_from_env()
+    assert policy_from_env() is first and policy_from_env() is first and len(reads) == 1
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # same text, new mtime
+    assert policy_from_env() == first and len(reads) == 2
+    (tmp_path / "lower.txt").write_text("bmm\n")  # new size
+    assert torch.ops.aten.bmm.default in policy_from_env().table and len(reads) == 3
+    other = _write(tmp_path, "other.txt", "bmm\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", other)  # new path, same stamp otherwise
+    policy_from_env()
+    assert reads[-1] == other and len(reads) == 4
+
+
+def test_with_no_variable_set_the_environment_is_not_searched_name_by_name(monkeypatch):
+    # The common case, every region entered with the default policy: os.environ.get of a
+    # missing name raises a KeyError inside; four of them were most of a mode's creation.
+    for name in ("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", "PT_HPU_AUTOCAST_FP32_OPS_LIST", "LOWER_LIST", "FP32_LIST"):
+        monkeypatch.delenv(name, raising=False)
+
+    def get(*args):
+        raise AssertionError("os.environ.get called")
+
+    monkeypatch.setattr(os.environ, "get", get, raising=False)
+    assert policy_from_env() is get_preset("hpu")
+    monkeypatch.undo()
+
+
+def test_a_variable_set_to_nothing_is_unset(monkeypatch):
+    monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", "")
+    assert policy_from_env() is get_preset("hpu")
 
 
 @pytest.mark.parametrize("old, new", [("LOWER_LIST", "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"),

@@ -276,6 +276,29 @@ def policy_from_files(preset: Union[str, Policy], *, lower: Optional[PathLike] =
     return with_lists(base, lower=lower_entries, fp32=fp32_entries)
 
 
+#: Every variable policy_from_env reads: the two of today, then the deprecated ones.
+_ENV_NAMES = (ENV_LOWER, ENV_FP32, *DEPRECATED_ENV)
+
+# [Note: asking the environment cheaply]
+# policy_from_env runs for every region entered with the default policy, and usually none of
+# its four variables is set. os.environ.get of a missing name raises and catches a KeyError
+# inside, about 1 us each. CPython's os.environ keeps the variables in a dict, `_data`, under
+# `encodekey(name)`; asking that dict is a few hash lookups. Where either is missing (another
+# Python), os.environ itself is asked. Only the "is any of them set?" question goes this way.
+try:
+    _ENV_KEYS: Optional[tuple] = tuple(os.environ.encodekey(n) for n in _ENV_NAMES)
+except AttributeError:  # pragma: no cover - not CPython
+    _ENV_KEYS = None
+
+
+def _env_set() -> bool:
+    """Whether any of the list-file variables is set (perhaps to "")."""
+    data = getattr(os.environ, "_data", None)
+    if data is None or _ENV_KEYS is None:  # pragma: no cover - not CPython
+        return any(os.environ.get(n) is not None for n in _ENV_NAMES)
+    return not data.keys().isdisjoint(_ENV_KEYS)
+
+
 def _env_path(new: str) -> Optional[str]:
     value = os.environ.get(new)
     if value:
@@ -304,8 +327,11 @@ def policy_from_env(preset: str = DEFAULT_PRESET) -> Policy:
     """``preset`` with the lists named by Gaudi's environment variables, if any are set.
 
     Files are read again only when their path, modification time or size changes, so
-    creating many modes stays cheap.
+    creating many modes stays cheap: with no variable set, a call costs a few dict lookups
+    (Note: asking the environment cheaply); with list files, two ``os.stat``.
     """
+    if not _env_set():
+        return as_policy(preset, env=False)
     lower, fp32 = _env_path(ENV_LOWER), _env_path(ENV_FP32)
     if not lower and not fp32:
         return as_policy(preset, env=False)
