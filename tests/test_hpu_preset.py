@@ -1,8 +1,8 @@
 """The default ``hpu`` policy against seed 000, op by op: each op of the three lists runs in the
 dtype its list gives, with values equal bit for bit to a hand-cast control run with no mode.
 
-The lists are parsed from the seed's text (tests/seeds is a copy of ../shared/seeds), not taken
-from ``presets/hpu.py``, so a drift between the document and the preset fails here. Sections:
+The lists are parsed from the seed's text (tests/seeds/000_gaudi_autocast.txt, a copy of
+../shared/seeds, see _seeds.py), not taken from ``presets/gaudi_autocast.py``, so a drift between the document and the preset fails here. Sections:
 the lists op by op (samples from ``_samples.py``); module, method, operator and namespace
 spellings; calls that are not eligible (in-place, ``out=``, ``dtype=``, float64, integers);
 ``nn.BatchNorm2d`` running statistics. Known engine bugs are strict xfails with their cause.
@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from _samples import SAMPLES, build
+from _seeds import SEEDS, SHARED
 from hpu_autocast import HpuAutocastMode, PolicyError, _compat
 
-# A copy of ../shared/seeds, so a clone on its own can run the suite (test_seed_copies_are_current).
-SEED = pathlib.Path(__file__).resolve().parent / "seeds" / "000_6bf55abaf442eb78.txt"
+SEED = SEEDS / "000_gaudi_autocast.txt"
 
 
 def _seed_lists():
@@ -78,8 +78,10 @@ def test_seed_copies_are_current():
     if not found:
         pytest.skip("no shared/seeds beside this checkout")
     shared = found[0]
-    for f in SEED.parent.glob("*.txt"):
-        assert f.read_text() == (shared / f.name).read_text(), f"tests/seeds/{f.name} is stale"
+    assert sorted(f.name for f in SEEDS.glob("*.txt")) == sorted(SHARED)
+    assert sorted(f.name for f in shared.glob("*.txt")) == sorted(SHARED.values())
+    for ours, theirs in SHARED.items():
+        assert (SEEDS / ours).read_text() == (shared / theirs).read_text(), f"tests/seeds/{ours} is stale"
 
 
 def test_seed_lists_parsed():

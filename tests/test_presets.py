@@ -1,10 +1,9 @@
-"""The presets against their source documents (tests/seeds, copies of ../shared/seeds): each
+"""The presets against their source documents (tests/seeds, see _seeds.py): each
 preset's lists equal the document's, and each listed op runs as its list says, bit for bit
 against a hand-cast control run with no mode. Plus the rules particular to a preset."""
 
 from __future__ import annotations
 
-import pathlib
 import re
 
 import pytest
@@ -13,27 +12,25 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from _samples import SAMPLES, build
+from _seeds import seed_text
 from hpu_autocast import CastPolicy, HpuAutocastMode, get_preset, resolve
 from hpu_autocast.presets import hmp as hmp_data
 from hpu_autocast.presets import torch_cuda as cuda_data
 from hpu_autocast.presets import xpu as xpu_data
-
-SEEDS = pathlib.Path(__file__).resolve().parent / "seeds"
-
 
 def _names(text: str):
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
 def hmp_lists():
-    text = (SEEDS / "001_83843ec91814cefc.txt").read_text()
+    text = seed_text("001_gaudi_hmp.txt")
     bf16 = _names(re.search(r"Default BF16 list = \[(.*?)\]", text).group(1))
     fp32 = _names(re.search(r"Default FP32 list = \[(.*?)\]", text).group(1))
     return bf16, fp32
 
 
 def xpu_lists():
-    lines = (SEEDS / "002_fa0c2f6cc3790981.txt").read_text().splitlines()
+    lines = seed_text("002_xpu_amp.txt").splitlines()
 
     def after(heading):
         i = lines.index(heading)
@@ -46,7 +43,7 @@ def xpu_lists():
 def torch_doc_lists(which: str):
     """Seed 003's lists for "cuda" (the first block) or "cpu" (the second): in the text each name
     is a line and names are separated by "," lines, so a list ends where two names meet."""
-    lines = [x.strip() for x in (SEEDS / "003_d937faa20b0e481f.txt").read_text().splitlines()]
+    lines = [x.strip() for x in seed_text("003_torch_amp.txt").splitlines()]
     if which == "cuda":
         start = lines.index("please file an issue.")
     else:  # "please file an issue. float16 / shares the lists of bfloat16 / ."
