@@ -88,3 +88,7 @@ def test_a_policy_is_frozen_all_the_way_down():
 
 def test_device_type_defaults_to_the_running_device():
     assert Policy(name="x", table={}).device_type is None
+    # The torch and XPU presets name their device; Gaudi's leave it to the mode.
+    device_types = {name: get_preset(name).device_type for name in preset_names()}
+    assert device_types == {"hpu": None, "hmp": None, "hmp-O2": None, "xpu": "xpu", "torch-cpu": "cpu",
+                            "torch-cuda": "cuda"}

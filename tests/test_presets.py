@@ -14,9 +14,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 from _samples import SAMPLES, build
 from _seeds import seed_text
 from hpu_autocast import CastPolicy, HpuAutocastMode, get_preset, resolve
-from hpu_autocast.presets import hmp as hmp_data
-from hpu_autocast.presets import torch_cuda as cuda_data
-from hpu_autocast.presets import xpu as xpu_data
+from hpu_autocast.presets import gaudi_hmp as hmp_data
+from hpu_autocast.presets import torch_amp_cpu as cpu_data
+from hpu_autocast.presets import torch_amp_cuda as cuda_data
+from hpu_autocast.presets import xpu_amp as xpu_data
 
 def _names(text: str):
     return [n.strip() for n in text.split(",") if n.strip()]
@@ -91,7 +92,7 @@ def test_hmp_lists_are_seed_001s():
 def test_xpu_lists_are_seed_002s():
     bf16, fp16, fp32, promote = xpu_lists()
     assert bf16 == fp16  # one list for both dtypes
-    # The document repeats conv_transpose1d where conv_transpose2d is meant (see presets/xpu.py).
+    # The document repeats conv_transpose1d where conv_transpose2d is meant (see presets/xpu_amp.py).
     assert bf16.count("conv_transpose1d") == 2 and "conv_transpose2d" not in bf16
     expected = [n if not (n == "conv_transpose1d" and i == bf16.index(n) + 1) else "conv_transpose2d"
                 for i, n in enumerate(bf16)]
@@ -121,12 +122,10 @@ def test_torch_cuda_lists_are_seed_003s():
 
 def test_torch_cpu_lists_are_seed_003s():
     lower, fp32, promote = torch_doc_lists("cpu")
-    from hpu_autocast.presets import torch_cpu
-
     # The preset is the document's lists plus what torch registers beyond them, marked as such.
-    assert set(lower) <= set(torch_cpu.LOWER) and set(fp32) <= set(torch_cpu.FP32)
-    assert set(promote) == set(torch_cpu.PROMOTE)
-    extra = (set(torch_cpu.LOWER) - set(lower)) | (set(torch_cpu.FP32) - set(fp32))
+    assert set(lower) <= set(cpu_data.LOWER) and set(fp32) <= set(cpu_data.FP32)
+    assert set(promote) == set(cpu_data.PROMOTE)
+    extra = (set(cpu_data.LOWER) - set(lower)) | (set(cpu_data.FP32) - set(fp32))
     assert extra == {"_addmm_activation", "smooth_l1_loss"}
 
 

@@ -145,6 +145,7 @@ def build_policy(
     dtypes: tuple = (torch.bfloat16, torch.float16),
     unlisted: Optional[CastPolicy] = None,
     inplace: Optional[CastPolicy] = None,
+    device_type: Optional[str] = None,
     tolerate_missing: bool = False,
     registered: Optional[str] = None,
     keep_composites: bool = False,
@@ -154,7 +155,7 @@ def build_policy(
     Each list holds names (see ``hpu_autocast.names``) or ``(name, (file, line))`` pairs,
     which error messages then cite. ``input_only`` and ``banned`` (name -> the error a call
     raises) name ops of the lists; ``unlisted`` and ``inplace`` are the rules for ops on no
-    list (HMP's first-input rule). ``tolerate_missing``, ``registered`` and
+    list (HMP's first-input rule); ``device_type`` is ``Policy.device_type``. ``tolerate_missing``, ``registered`` and
     ``keep_composites`` are the presets' version rules (see ``_Rules``).
     """
     rules = _Rules(tolerate_missing, registered, keep_composites)
@@ -168,7 +169,7 @@ def build_policy(
     ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned, "banned"), _Rules(), []).items()}
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
                   missing=tuple(dict.fromkeys(missing)), unlisted=unlisted, inplace=inplace,
-                  promoted=frozenset(pro))
+                  promoted=frozenset(pro), device_type=device_type)
 
 
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,

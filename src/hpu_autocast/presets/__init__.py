@@ -1,72 +1,65 @@
-"""Presets: one data module per source document, and the registry of how each preset is
-built from it (``hpu_autocast.builder.build_policy`` with the rules its document states).
-Version quirks (names a torch build lacks, overloads it registers) are options here, never
-part of the data modules."""
+"""The preset registry: each preset is a data module, holding the op names of one source
+document, and the options ``hpu_autocast.builder.build_policy`` builds it with. The rules a
+document states and the quirks of torch versions (names a build lacks, overloads it registers
+for an autocast dispatch key) are options here, never part of the data modules.
+
+    preset        data module       source document (tests/seeds)
+    hpu           gaudi_autocast    000  Intel Gaudi, Mixed Precision Training with PyTorch Autocast
+    hmp, hmp-O2   gaudi_hmp         001  Habana Mixed Precision
+    xpu           xpu_amp           002  torch.xpu.amp, Auto Mixed Precision
+    torch-cpu     torch_amp_cpu     003  torch.amp, the CPU lists
+    torch-cuda    torch_amp_cuda    003  torch.amp, the CUDA lists
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, List
+from typing import Any, Dict, List, Mapping
 
 import torch
 
 from .. import builder
 from ..builder import build_policy
 from ..policy import CastPolicy, Policy
-from . import hmp as _hmp
-from . import hpu as _hpu
-from . import torch_cpu as _torch_cpu
-from . import torch_cuda as _torch_cuda
-from . import xpu as _xpu
+from . import gaudi_autocast, gaudi_hmp, torch_amp_cpu, torch_amp_cuda, xpu_amp
 
 __all__ = ["PRESETS", "get_preset", "preset_names"]
 
+#: Gaudi supports no float16 (seed 000), and HMP is bfloat16 only (seed 001).
+BF16_ONLY = (torch.bfloat16,)
 
-def _build_hpu() -> Policy:
-    return build_policy(
-        "hpu", lower=_hpu.LOWER, fp32=_hpu.FP32, promote=_hpu.PROMOTE,
-        input_only=_hpu.INPUT_ONLY, dtypes=(torch.bfloat16,), tolerate_missing=True,
-    )
-
-
-def _build_torch_cpu() -> Policy:
-    return build_policy(
-        "torch-cpu", lower=_torch_cpu.LOWER, fp32=_torch_cpu.FP32, promote=_torch_cpu.PROMOTE,
-        tolerate_missing=True, registered="AutocastCPU",
-    )
-
-
-def _build_hmp(opt_level: str = "O1") -> Policy:
-    if opt_level == "O2":
-        # GEMMs and convolutions in bfloat16, everything else float32 (no first-input rule).
-        return build_policy("hmp-O2", lower=_hmp.O2_BF16, dtypes=(torch.bfloat16,), unlisted=CastPolicy.FP32)
-    return build_policy(
-        "hmp", lower=_hmp.BF16, fp32=_hmp.FP32, promote=_hmp.PROMOTE, input_only=_hmp.INPUT_ONLY,
-        dtypes=(torch.bfloat16,), tolerate_missing=True, unlisted=CastPolicy.FIRST, inplace=CastPolicy.FIRST,
-    )
-
-
-def _build_xpu() -> Policy:
-    return build_policy("xpu", lower=_xpu.LOWER, fp32=_xpu.FP32, promote=_xpu.PROMOTE, tolerate_missing=True)
-
-
-def _build_torch_cuda() -> Policy:
-    return build_policy(
-        "torch-cuda", lower=_torch_cuda.LOWER + _torch_cuda.REGISTERED_LOWER,
-        fp32=_torch_cuda.FP32 + _torch_cuda.REGISTERED_FP32,
-        promote=_torch_cuda.PROMOTE + _torch_cuda.REGISTERED_PROMOTE,
-        banned=_torch_cuda.BANNED, tolerate_missing=True, registered="AutocastCUDA", keep_composites=True,
-    )
-
-
-#: Preset name -> zero-argument builder.
-PRESETS: Dict[str, Callable[[], Policy]] = {
-    "hpu": _build_hpu,
-    "hmp": _build_hmp,
-    "hmp-O2": lambda: _build_hmp("O2"),
-    "xpu": _build_xpu,
-    "torch-cuda": _build_torch_cuda,
-    "torch-cpu": _build_torch_cpu,
+#: Preset name -> the arguments of ``build_policy`` that make it. ``tolerate_missing``: the
+#: names a torch build lacks are recorded in ``Policy.missing`` rather than refused.
+PRESETS: Dict[str, Mapping[str, Any]] = {
+    "hpu": dict(
+        lower=gaudi_autocast.LOWER, fp32=gaudi_autocast.FP32, promote=gaudi_autocast.PROMOTE,
+        input_only=gaudi_autocast.INPUT_ONLY, dtypes=BF16_ONLY, tolerate_missing=True,
+    ),
+    "hmp": dict(
+        lower=gaudi_hmp.BF16, fp32=gaudi_hmp.FP32, promote=gaudi_hmp.PROMOTE, input_only=gaudi_hmp.INPUT_ONLY,
+        dtypes=BF16_ONLY, tolerate_missing=True,
+        unlisted=CastPolicy.FIRST,  # "Any OPs not in the above two lists will run with precision type of its 1st input"
+        inplace=CastPolicy.FIRST,  # "For in-place OPs ... cast all inputs to precision type of 1st input"
+    ),
+    "hmp-O2": dict(
+        lower=gaudi_hmp.O2_BF16, dtypes=BF16_ONLY,
+        unlisted=CastPolicy.FP32,  # GEMMs and convolutions in bfloat16, everything else float32
+    ),
+    "xpu": dict(
+        lower=xpu_amp.LOWER, fp32=xpu_amp.FP32, promote=xpu_amp.PROMOTE, device_type="xpu", tolerate_missing=True,
+    ),
+    "torch-cpu": dict(
+        lower=torch_amp_cpu.LOWER, fp32=torch_amp_cpu.FP32, promote=torch_amp_cpu.PROMOTE, device_type="cpu",
+        tolerate_missing=True,
+        registered="AutocastCPU",  # exactly the overloads torch.autocast("cpu") casts
+    ),
+    "torch-cuda": dict(
+        lower=torch_amp_cuda.LOWER + torch_amp_cuda.REGISTERED_LOWER,
+        fp32=torch_amp_cuda.FP32 + torch_amp_cuda.REGISTERED_FP32,
+        promote=torch_amp_cuda.PROMOTE + torch_amp_cuda.REGISTERED_PROMOTE,
+        banned=torch_amp_cuda.BANNED, device_type="cuda", tolerate_missing=True,
+        registered="AutocastCUDA", keep_composites=True,  # and the composite entries around them
+    ),
 }
 
 
@@ -78,10 +71,10 @@ def preset_names() -> List[str]:
 def get_preset(name: str) -> Policy:
     """The preset policy called ``name``; ``ValueError`` naming the valid presets otherwise."""
     try:
-        build = PRESETS[name]
+        options = PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown policy preset {name!r}; valid presets: {', '.join(preset_names())}") from None
-    return build()
+    return build_policy(name, **options)
 
 
 builder.set_preset_lookup(get_preset)  # see builder's [Note: the registry hands in its lookup]
