@@ -4,6 +4,7 @@ HMP's file arguments) and in code. Each error names its culprit."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -205,6 +206,7 @@ VALID = ["mm", "aten::addmm", "aten.bmm", "aten.mv.default", "addmm.out", "trued
 name_chars = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=4, max_size=12)
 
 
+@pytest.mark.filterwarnings("ignore:.*has no effect under policy 'hpu'")  # Gaudi's names: tested below
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(valid=st.lists(st.sampled_from(VALID), max_size=5, unique=True),
        invalid=st.lists(name_chars.filter(lambda n: n not in VALID), max_size=3, unique=True),
@@ -221,10 +223,14 @@ def test_generated_list_files(tmp_path, valid, invalid, data):
             policy_from_files("hpu", lower=path)
     else:
         policy = policy_from_files("hpu", lower=path)
+        ignored = {n for n, lst, _ in policy.ignored if lst == "lower"}
         for name in valid:
             from hpu_autocast import resolve
 
-            assert all(policy.table[op] is CastPolicy.LOWER for op in resolve(name))
+            if name in {"truediv", "iadd", "__matmul__", "addmm.out"}:  # no effect on Gaudi
+                assert name in ignored
+            else:
+                assert all(policy.table[op] is CastPolicy.LOWER for op in resolve(name))
 
 
 def test_several_ops_on_both_lists_name_the_first_and_count_the_rest():
@@ -236,3 +242,92 @@ def test_several_ops_on_both_lists_name_the_first_and_count_the_rest():
         assert str(err.value) == (
             "aten.exp.default is on both the lower-precision list, as 'exp', and the FP32 list, as "
             "'exp'; remove it from one (and 2 more: aten.log.default, aten.sin.default)")
+
+
+# --- names Gaudi's bridge ignores (hpu: c_names_only) ----------------------------------------------
+
+PYTHON_NAME = "a Python name, and Gaudi's bridge matches list names against C++ function names"
+NOT_FUNCTIONAL = "it names in-place or out= overloads only, and Gaudi's bridge registers no such function"
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    # Each name warns once per process; a test starts with none warned about yet.
+    from hpu_autocast import builder
+
+    monkeypatch.setattr(builder, "_warned", set())
+
+
+def test_the_hpu_lists_own_python_names_are_recorded_without_a_warning(fresh_warnings):
+    from hpu_autocast import build_policy
+    from hpu_autocast.presets import PRESETS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy = build_policy("hpu", **PRESETS["hpu"])
+    assert policy == get_preset("hpu") and policy.c_names_only
+    assert policy.ignored == (("truediv", "fp32", PYTHON_NAME), ("iadd", "promote", PYTHON_NAME),
+                              ("truediv", "promote", PYTHON_NAME))
+    assert not any(op.overloadpacket is torch.ops.aten.add_ for op in policy.table)
+
+
+def test_iadd_on_a_users_list_does_nothing_as_on_gaudi_and_warns_once(fresh_warnings):
+    # Was: add_ went on the lower list, so x += y rounded y to bfloat16 before adding; on Gaudi
+    # the name has no effect.
+    with pytest.warns(UserWarning) as record:
+        policy = with_lists(get_preset("hpu"), lower=["mm", "iadd"])
+    assert [str(w.message) for w in record] == [
+        f"'iadd' on the lower list has no effect under policy 'hpu', as on Gaudi: {PYTHON_NAME}; its C++ "
+        "function, add_, is in-place, and Gaudi's bridge casts no in-place function"]
+    assert ("iadd", "lower", PYTHON_NAME) in policy.ignored and policy.c_names_only
+    assert not any(op.overloadpacket is torch.ops.aten.add_ for op in policy.table)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    ours, control = x.clone(), x.clone()
+    with HpuAutocastMode(policy=policy):
+        ours += y
+    control += y
+    assert torch.equal(ours, control) and not torch.equal(ours, (x.bfloat16() + y.bfloat16()).float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per name: no second warning
+        with_lists(get_preset("hpu"), fp32=["iadd"])
+
+
+@pytest.mark.parametrize("name, why, hint", [
+    ("truediv", PYTHON_NAME, "; its C++ name is div"),
+    ("__matmul__", PYTHON_NAME, "; its C++ name is matmul"),
+    ("add_", NOT_FUNCTIONAL, ""),
+    ("addmm.out", NOT_FUNCTIONAL, ""),
+    ("aten::mul_.Tensor", NOT_FUNCTIONAL, ""),
+])
+def test_names_gaudi_ignores(fresh_warnings, tmp_path, name, why, hint):
+    path = _write(tmp_path, "lower.txt", f"mm\n{name}\n")
+    with pytest.warns(UserWarning) as record:
+        policy = policy_from_files("hpu", lower=path)
+    assert [str(w.message) for w in record] == [
+        f"{name!r} ({path}, line 2) on the lower list has no effect under policy 'hpu', as on Gaudi: {why}{hint}"]
+    assert policy.ignored[-1] == (name, "lower", why)
+    assert policy.table[MM] is CastPolicy.LOWER and len(policy.ops(CastPolicy.LOWER)) == 2  # mm.default, mm.dtype
+
+
+def test_an_env_list_file_warns_when_the_mode_is_created(fresh_warnings, tmp_path, monkeypatch):
+    path = _write(tmp_path, "fp32.txt", "# Gaudi list\nlog\niadd\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", path)
+    with pytest.warns(UserWarning, match=rf"'iadd' \({path}, line 3\) on the fp32 list has no effect"):
+        mode = HpuAutocastMode()
+    assert ("iadd", "fp32", PYTHON_NAME) in mode.policy.ignored
+
+
+def test_with_lists_keeps_the_records_of_the_lists_it_keeps(fresh_warnings):
+    policy = with_lists(get_preset("hpu"), fp32=["log"], promote=["add", "cat"])
+    assert policy.ignored == ()  # the fp32 and promote lists that named truediv and iadd are gone
+    policy = with_lists(get_preset("hpu"), lower=["mm"])
+    assert policy.ignored == get_preset("hpu").ignored
+
+
+def test_other_presets_apply_every_name(fresh_warnings):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy = with_lists(get_preset("torch-cpu"), promote=["iadd", "truediv"])
+    assert policy.table[torch.ops.aten.add_.Tensor] is CastPolicy.FIRST
+    assert policy.table[torch.ops.aten.div.Tensor] is CastPolicy.PROMOTE
+    assert not policy.c_names_only and policy.ignored == ()

@@ -32,7 +32,7 @@ aten.mm.default                          lower                 bf16,bf16 -> bf16
 aten.sum.dim_IntList                     not listed            bf16 -> bf16                2      0           0      -
 aten._to_copy.default                    not listed            bf16 -> f32                 4      0           0      -
 aten.threshold_backward.default          not listed            bf16,bf16 -> bf16           1      0           0      -
-aten.add_.Tensor                         first                 f32,f32 -> f32              4      0           0      -
+aten.add_.Tensor                         ineligible: in-place  f32,f32 -> f32              4      0           0      -
 aten._local_scalar_dense.default         not listed            f32 -> f32                  1      0           0      -
 
 casts inserted: 6 (584 bytes)

@@ -34,7 +34,7 @@ import torch
 from torch._ops import OpOverload
 
 from . import _ops
-from .names import PolicyError, Source, resolve
+from .names import PolicyError, Source, describe, is_python_name, resolve
 from .policy import CastPolicy, Policy
 
 __all__ = ["build_policy", "with_lists", "read_list", "policy_from_files", "policy_from_env", "as_policy",
@@ -61,12 +61,24 @@ class _Rules:
     ``tolerate_missing`` skips names this torch does not have (recorded in ``Policy.missing``);
     ``registered`` keeps only overloads with a kernel for that dispatch key (``"AutocastCPU"``
     makes a preset exactly what native autocast registers); ``keep_composites`` keeps
-    composite entries too, whose insides native autocast casts.
+    composite entries too, whose insides native autocast casts; ``c_names_only`` applies a
+    name only as Gaudi's bridge would (Note: what Gaudi's bridge applies).
     """
 
     tolerate_missing: bool = False
     registered: Optional[str] = None
     keep_composites: bool = False
+    c_names_only: bool = False
+
+
+@dataclasses.dataclass
+class _Skipped:
+    """The names of a build's lists that put nothing on its table."""
+
+    #: Names this torch lacks (``Policy.missing``).
+    missing: List[str] = dataclasses.field(default_factory=list)
+    #: ``(name, source, list, why)`` of the names ``c_names_only`` does not apply.
+    ignored: List[Tuple[str, Optional[Source], str, str]] = dataclasses.field(default_factory=list)
 
 
 def _entries(names: Iterable, arg: str) -> List[Entry]:
@@ -79,9 +91,10 @@ def _entries(names: Iterable, arg: str) -> List[Entry]:
     return [n if isinstance(n, tuple) else (n, None) for n in names]
 
 
-def _overloads(entries: Iterable[Entry], rules: _Rules, missing: List[str]) -> Dict[OpOverload, Entry]:
+def _overloads(entries: Iterable[Entry], rules: _Rules, skipped: _Skipped,
+               list_name: str) -> Dict[OpOverload, Entry]:
     """The one loop from names to overloads: ``{overload: the entry that named it}``, in list
-    order. Names ``rules`` lets go of are appended to ``missing``."""
+    order. Names ``rules`` lets go of are recorded in ``skipped``."""
     out: Dict[OpOverload, Entry] = {}
     for name, source in entries:
         try:
@@ -89,27 +102,69 @@ def _overloads(entries: Iterable[Entry], rules: _Rules, missing: List[str]) -> D
         except PolicyError:
             if not rules.tolerate_missing:
                 raise
-            missing.append(name)
+            skipped.missing.append(name)
             continue
         if rules.registered is not None:
             ops = [op for op in ops if _ops.has_kernel(op, rules.registered)
                    or (rules.keep_composites and _ops.is_composite(op))]
             if not ops:
-                missing.append(name)
+                skipped.missing.append(name)
+                continue
+        if rules.c_names_only:
+            ops, why = _as_gaudi_applies(name, ops)
+            if why is not None:
+                skipped.ignored.append((name.strip(), source, list_name, why))
                 continue
         for op in ops:
             out.setdefault(op, (name, source))
     return out
 
 
+# [Note: what Gaudi's bridge applies]
+# Gaudi documents its lists as op names, but its bridge (gaudi-pytorch-bridge 1.19:
+# hpu_ops/autocast_helpers.h, scripts/gen_op.py) registers autocast kernels for functional
+# ATen functions only and matches a list's names against their C++ names. A Python name
+# (iadd, truediv, __matmul__: names.is_python_name) or a name of in-place or out= overloads
+# (add_, addmm.out) on a list therefore does nothing on Gaudi. Under c_names_only (the hpu
+# preset, and what with_lists makes of it) such a name is not applied here either: it is
+# recorded in Policy.ignored and, when a user gave it, warned about once per name.
+_PYTHON_NAME = "a Python name, and Gaudi's bridge matches list names against C++ function names"
+_NOT_FUNCTIONAL = "it names in-place or out= overloads only, and Gaudi's bridge registers no such function"
+
+
+def _as_gaudi_applies(name: str, ops: List[OpOverload]) -> Tuple[List[OpOverload], Optional[str]]:
+    """The overloads Gaudi's bridge would cast for ``name``, or why it casts none."""
+    if is_python_name(name):
+        return [], _PYTHON_NAME
+    ops = [op for op in ops if not (_ops.is_inplace(op) or _ops.is_out(op))]
+    return ops, None if ops else _NOT_FUNCTIONAL
+
+
+def _cpp_hint(name: str, why: str) -> str:
+    """For a Python name, the C++ function it stands for (and whether Gaudi could cast it)."""
+    if why != _PYTHON_NAME:
+        return ""
+    ops = resolve(name)
+    cpp = ", ".join(sorted({_ops.op_base_name(op) for op in ops}))
+    if all(_ops.is_inplace(op) or _ops.is_out(op) for op in ops):
+        return f"; its C++ function, {cpp}, is in-place, and Gaudi's bridge casts no in-place function"
+    return f"; its C++ name is {cpp}"
+
+
+_warned: set = set()
+
+
+def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool) -> Tuple[Tuple[str, str, str], ...]:
+    """``Policy.ignored`` of a build; with ``warn``, a warning for each name not warned about yet."""
+    for name, source, list_name, why in skipped.ignored:
+        if warn and name not in _warned:
+            _warned.add(name)
+            warnings.warn(f"{describe(name, source)} on the {list_name} list has no effect under policy "
+                          f"{policy_name!r}, as on Gaudi: {why}{_cpp_hint(name, why)}", UserWarning, stacklevel=3)
+    return tuple((name, list_name, why) for name, _, list_name, why in skipped.ignored)
+
+
 # --- overloads to a table -----------------------------------------------------------------------
-
-def _describe(entry: Entry) -> str:
-    name, source = entry
-    if source and source[0]:
-        return f"{name!r} ({source[0]}, line {source[1]})" if source[1] else f"{name!r} ({source[0]})"
-    return repr(name)
-
 
 def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry]) -> None:
     """Raise ``PolicyError`` naming the first op (in lower-list order) that is on both lists,
@@ -119,8 +174,8 @@ def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, 
         op = both[0]
         more = f" (and {len(both) - 1} more: {', '.join(str(o) for o in both[1:4])}{', ...' if len(both) > 4 else ''})" \
             if len(both) > 1 else ""
-        raise PolicyError(f"{op} is on both the lower-precision list, as {_describe(low[op])}, "
-                          f"and the FP32 list, as {_describe(f32[op])}; remove it from one{more}")
+        raise PolicyError(f"{op} is on both the lower-precision list, as {describe(*low[op])}, "
+                          f"and the FP32 list, as {describe(*f32[op])}; remove it from one{more}")
 
 
 def _table(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry],
@@ -146,6 +201,8 @@ def build_policy(
     unlisted: Optional[CastPolicy] = None,
     inplace: Optional[CastPolicy] = None,
     device_type: Optional[str] = None,
+    c_names_only: bool = False,
+    warn_ignored: bool = True,
     tolerate_missing: bool = False,
     registered: Optional[str] = None,
     keep_composites: bool = False,
@@ -155,21 +212,26 @@ def build_policy(
     Each list holds names (see ``hpu_autocast.names``) or ``(name, (file, line))`` pairs,
     which error messages then cite. ``input_only`` and ``banned`` (name -> the error a call
     raises) name ops of the lists; ``unlisted`` and ``inplace`` are the rules for ops on no
-    list (HMP's first-input rule); ``device_type`` is ``Policy.device_type``. ``tolerate_missing``, ``registered`` and
-    ``keep_composites`` are the presets' version rules (see ``_Rules``).
+    list (HMP's first-input rule); ``device_type`` is ``Policy.device_type``. ``c_names_only``
+    applies names as Gaudi's bridge does (Note: what Gaudi's bridge applies); the names it
+    lets go of are warned about once each unless ``warn_ignored`` is false (the ``hpu``
+    preset's own lists). ``tolerate_missing``, ``registered`` and ``keep_composites`` are the
+    presets' version rules (see ``_Rules``).
     """
-    rules = _Rules(tolerate_missing, registered, keep_composites)
-    missing: List[str] = []
-    low = _overloads(_entries(lower, "lower"), rules, missing)
-    f32 = _overloads(_entries(fp32, "fp32"), rules, missing)
-    pro = _overloads(_entries(promote, "promote"), rules, missing)
+    rules = _Rules(tolerate_missing, registered, keep_composites, c_names_only)
+    skipped = _Skipped()
+    low = _overloads(_entries(lower, "lower"), rules, skipped, "lower")
+    f32 = _overloads(_entries(fp32, "fp32"), rules, skipped, "fp32")
+    pro = _overloads(_entries(promote, "promote"), rules, skipped, "promote")
     table = _table(low, f32, pro)
-    only = {op for op in _overloads(_entries(input_only, "input_only"), _Rules(), []) if op in table}
+    only = {op for op in _overloads(_entries(input_only, "input_only"), _Rules(), _Skipped(), "input_only")
+            if op in table}
     banned = dict(banned or {})
-    ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned, "banned"), _Rules(), []).items()}
+    ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned, "banned"), _Rules(), _Skipped(), "banned").items()}
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
-                  missing=tuple(dict.fromkeys(missing)), unlisted=unlisted, inplace=inplace,
-                  promoted=frozenset(pro), device_type=device_type)
+                  missing=tuple(dict.fromkeys(skipped.missing)), unlisted=unlisted, inplace=inplace,
+                  promoted=frozenset(pro), device_type=device_type, c_names_only=c_names_only,
+                  ignored=_record_ignored(skipped, name, warn_ignored))
 
 
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
@@ -179,13 +241,17 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     Each list holds op names or ``(name, (file, line))`` entries, every one of which must
     resolve; a list left ``None`` keeps the policy's own. An op on both a given lower list and
     a given FP32 list is an error naming both entries; an op a given list names leaves the
-    kept default list of the other kind.
+    kept default list of the other kind. A policy with ``c_names_only`` (``hpu``) applies the
+    given names as Gaudi's bridge does, and warns once about each it does not apply.
     """
+    rules = _Rules(c_names_only=policy.c_names_only)
+    skipped = _Skipped()
+
     def kept(*actions: CastPolicy) -> Dict[OpOverload, Entry]:
         return {op: (str(op), None) for op, a in policy.table.items() if a in actions}
 
     def given(names: Iterable, arg: str) -> Dict[OpOverload, Entry]:
-        return _overloads(_entries(names, arg), _Rules(), [])
+        return _overloads(_entries(names, arg), rules, skipped, arg)
 
     low = given(lower, "lower") if lower is not None else kept(CastPolicy.LOWER)
     f32 = given(fp32, "fp32") if fp32 is not None else kept(CastPolicy.FP32)
@@ -200,8 +266,10 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
         low = {op: e for op, e in low.items() if op not in f32}
     table = _table(low, f32, pro)
     input_only = {op for op in policy.input_only if table.get(op) is CastPolicy.LOWER}
+    replaced = {arg for arg, names in (("lower", lower), ("fp32", fp32), ("promote", promote)) if names is not None}
+    ignored = tuple(i for i in policy.ignored if i[1] not in replaced) + _record_ignored(skipped, policy.name, True)
     return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",
-                               input_only=input_only, promoted=frozenset(pro))
+                               input_only=input_only, promoted=frozenset(pro), ignored=ignored)
 
 
 # --- preset names ----------------------------------------------------------------------------------

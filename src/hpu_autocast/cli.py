@@ -61,6 +61,10 @@ def _notes(policy: Policy) -> List[str]:
         notes.append(f"banned: `{op}`: {message}")
     if policy.missing:
         notes.append("names this torch lacks: " + ", ".join(f"`{n}`" for n in policy.missing))
+    if policy.c_names_only:
+        notes.append("list names apply as on Gaudi: C++ function names of functional ops only")
+    for name, list_name, why in policy.ignored:
+        notes.append(f"ignored, as on Gaudi: `{name}` on the {list_name} list ({why})")
     return notes
 
 

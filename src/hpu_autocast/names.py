@@ -22,10 +22,11 @@ from torch._ops import OpOverload
 
 from . import _ops
 
-__all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "resolve", "suggestions"]
+__all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "describe", "is_python_name", "resolve", "suggestions"]
 
 #: Python-level spellings used by the seed documents and by HMP/Gaudi list files, mapped to
-#: ATen packet names. A tuple maps to several packets.
+#: ATen packet names. A tuple maps to several packets. None of them is itself the name of an
+#: ATen (C++) function (``is_python_name``).
 PYTHON_ALIASES = {
     "truediv": "div",
     "__truediv__": "div",
@@ -76,6 +77,11 @@ def _where(source: Optional[Source]) -> str:
     return f" ({file}, line {line})" if line is not None else f" ({file})"
 
 
+def describe(name: str, source: Optional[Source] = None) -> str:
+    """``'mm' (lower.txt, line 3)``: a name and where it came from, for messages."""
+    return f"{name!r}{_where(source)}"
+
+
 @functools.lru_cache(maxsize=1)
 def _known_names() -> tuple:
     names = set(PYTHON_ALIASES)
@@ -115,6 +121,14 @@ def _split(name: str) -> Tuple[str, str, Optional[str]]:
             return parts[0], parts[1], None
         return "aten", parts[0], parts[1]
     return "aten", name, None
+
+
+def is_python_name(name: str) -> bool:
+    """True for a Python-level spelling (``truediv``, ``iadd``, ``__matmul__``, ``cross_entropy``,
+    also as ``aten::truediv``): a key of ``PYTHON_ALIASES`` that no ATen function is called. C++
+    code, such as Gaudi's bridge reading its list files, does not know these names."""
+    ns, base, overload = _split(name.strip())
+    return ns == "aten" and overload is None and base in PYTHON_ALIASES and _ops.find_packet("aten", base) is None
 
 
 def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:

@@ -36,8 +36,8 @@ class CastPolicy(enum.Enum):
     #: (``torch.promote_types``); if they already agree, nothing is cast.
     PROMOTE = "promote"
     #: Every eligible tensor input is cast to the dtype of the first eligible tensor input.
-    #: Used for in-place ops a preset names (HPU's ``iadd``): their output is their first
-    #: input, whose dtype cannot change.
+    #: Given to in-place ops on a promote list (their output is their first input, whose dtype
+    #: cannot change) and, by HMP, to ops on no list.
     FIRST = "first"
 
     def __str__(self) -> str:
@@ -101,6 +101,12 @@ class Policy:
     #: (torch-cuda), "xpu" (xpu); ``None`` means the device the package runs on, which the
     #: mode resolves (hpu, hmp, hmp-O2).
     device_type: Optional[str] = None
+    #: Apply only list names that are C++ function names of functional ops, as Gaudi's bridge
+    #: does (the ``hpu`` preset); ``with_lists`` keeps this for the lists it is given.
+    c_names_only: bool = False
+    #: The list names this policy does not apply, as ``(name, list, why)``: under
+    #: ``c_names_only``, Python names (``iadd``) and in-place or ``out=`` ones (``add_``).
+    ignored: tuple = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +122,7 @@ class Policy:
             for op in ops:
                 _overload(op, f"Policy {self.name!r}: {name}")
             object.__setattr__(self, name, ops)
+        object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
         for name in ("unlisted", "inplace"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _action(getattr(self, name), f"Policy {self.name!r}: {name}"))
