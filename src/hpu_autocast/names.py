@@ -8,7 +8,8 @@ Accepted spellings (see ``resolve``)::
 
 A bare name covers the packet's functional overloads (for a composite such as ``linear``,
 its entry). In-place and ``out=`` overloads are covered only when spelled: ``add_``,
-``addmm.out``, ``iadd``.
+``addmm.out``, ``iadd``. An overload is one the packet lists (``packet.overloads()``); any other
+attribute of a packet (``mm.overloads``) is an unknown overload.
 """
 
 from __future__ import annotations

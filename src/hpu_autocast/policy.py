@@ -122,6 +122,8 @@ class Policy:
             for op in ops:
                 _overload(op, f"Policy {self.name!r}: {name}")
             object.__setattr__(self, name, ops)
+        object.__setattr__(self, "dtypes", tuple(self.dtypes))
+        object.__setattr__(self, "missing", tuple(self.missing))
         object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
         for name in ("unlisted", "inplace"):
             if getattr(self, name) is not None:
