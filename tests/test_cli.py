@@ -54,6 +54,18 @@ def test_check_lists_bad_names_with_their_lines(tmp_path, capsys):
     assert "Traceback" not in out
 
 
+def test_check_refuses_attributes_of_a_packet(tmp_path, capsys):
+    # `mm.overloads` once passed as valid (and printed a bound method under `policy`).
+    lst = tmp_path / "lower.txt"
+    lst.write_text("mm\nmm.overloads\nmm.__name__\n")
+    assert main(["check", str(lst)]) == 1
+    out = capsys.readouterr().out
+    assert f"unknown overload 'mm.overloads' ({lst}, line 2); aten::mm has: " in out
+    assert f"unknown overload 'mm.__name__' ({lst}, line 3); aten::mm has: " in out
+    assert main(["policy", "--lower-list", str(lst)]) == 2
+    assert "unknown overload 'mm.overloads'" in capsys.readouterr().err
+
+
 def test_policy_with_a_bad_file_is_an_error_not_a_traceback(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_text("nope_op\n")

@@ -11,6 +11,7 @@ and an embedding + ``MultiheadAttention`` model, each with a cross-entropy loss.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch

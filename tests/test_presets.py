@@ -1,10 +1,9 @@
-"""The presets against their source documents (tests/seeds, copies of ../shared/seeds): each
+"""The presets against their source documents (tests/seeds, see _seeds.py): each
 preset's lists equal the document's, and each listed op runs as its list says, bit for bit
 against a hand-cast control run with no mode. Plus the rules particular to a preset."""
 
 from __future__ import annotations
 
-import pathlib
 import re
 
 import contextlib
@@ -15,27 +14,26 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from _samples import SAMPLES, build
+from _seeds import seed_text
 from hpu_autocast import CastPolicy, HpuAutocastMode, get_preset, resolve
-from hpu_autocast.presets import hmp as hmp_data
-from hpu_autocast.presets import torch_cuda as cuda_data
-from hpu_autocast.presets import xpu as xpu_data
-
-SEEDS = pathlib.Path(__file__).resolve().parent / "seeds"
-
+from hpu_autocast.presets import gaudi_hmp as hmp_data
+from hpu_autocast.presets import torch_amp_cpu as cpu_data
+from hpu_autocast.presets import torch_amp_cuda as cuda_data
+from hpu_autocast.presets import xpu_amp as xpu_data
 
 def _names(text: str):
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
 def hmp_lists():
-    text = (SEEDS / "001_83843ec91814cefc.txt").read_text()
+    text = seed_text("001_gaudi_hmp.txt")
     bf16 = _names(re.search(r"Default BF16 list = \[(.*?)\]", text).group(1))
     fp32 = _names(re.search(r"Default FP32 list = \[(.*?)\]", text).group(1))
     return bf16, fp32
 
 
 def xpu_lists():
-    lines = (SEEDS / "002_fa0c2f6cc3790981.txt").read_text().splitlines()
+    lines = seed_text("002_xpu_amp.txt").splitlines()
 
     def after(heading):
         i = lines.index(heading)
@@ -48,7 +46,7 @@ def xpu_lists():
 def torch_doc_lists(which: str):
     """Seed 003's lists for "cuda" (the first block) or "cpu" (the second): in the text each name
     is a line and names are separated by "," lines, so a list ends where two names meet."""
-    lines = [x.strip() for x in (SEEDS / "003_d937faa20b0e481f.txt").read_text().splitlines()]
+    lines = [x.strip() for x in seed_text("003_torch_amp.txt").splitlines()]
     if which == "cuda":
         start = lines.index("please file an issue.")
     else:  # "please file an issue. float16 / shares the lists of bfloat16 / ."
@@ -96,7 +94,7 @@ def test_hmp_lists_are_seed_001s():
 def test_xpu_lists_are_seed_002s():
     bf16, fp16, fp32, promote = xpu_lists()
     assert bf16 == fp16  # one list for both dtypes
-    # The document repeats conv_transpose1d where conv_transpose2d is meant (see presets/xpu.py).
+    # The document repeats conv_transpose1d where conv_transpose2d is meant (see presets/xpu_amp.py).
     assert bf16.count("conv_transpose1d") == 2 and "conv_transpose2d" not in bf16
     expected = [n if not (n == "conv_transpose1d" and i == bf16.index(n) + 1) else "conv_transpose2d"
                 for i, n in enumerate(bf16)]
@@ -126,12 +124,10 @@ def test_torch_cuda_lists_are_seed_003s():
 
 def test_torch_cpu_lists_are_seed_003s():
     lower, fp32, promote = torch_doc_lists("cpu")
-    from hpu_autocast.presets import torch_cpu
-
     # The preset is the document's lists plus what torch registers beyond them, marked as such.
-    assert set(lower) <= set(torch_cpu.LOWER) and set(fp32) <= set(torch_cpu.FP32)
-    assert set(promote) == set(torch_cpu.PROMOTE)
-    extra = (set(torch_cpu.LOWER) - set(lower)) | (set(torch_cpu.FP32) - set(fp32))
+    assert set(lower) <= set(cpu_data.LOWER) and set(fp32) <= set(cpu_data.FP32)
+    assert set(promote) == set(cpu_data.PROMOTE)
+    extra = (set(cpu_data.LOWER) - set(lower)) | (set(cpu_data.FP32) - set(fp32))
     assert extra == {"_addmm_activation", "smooth_l1_loss"}
 
 

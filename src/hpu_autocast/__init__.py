@@ -9,15 +9,16 @@
 
 from . import amp, checkpoint, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
+from .builder import build_policy, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
+from .names import PolicyError, resolve
 from .numerics import Comparison, compare
 from .opgraph import op_graph
 from .policy import CastPolicy, Policy
-from .presets import build_policy, get_preset, preset_names
+from .presets import get_preset, preset_names
 from .report import PrecisionReport, Recorder
-from .resolve import PolicyError, resolve
 
 __all__ = [
     "HpuAutocastMode",
@@ -49,6 +50,7 @@ __all__ = [
     "report",
     "resolve",
     "trace",
+    "with_lists",
 ]
 
 __version__ = "0.1.0"

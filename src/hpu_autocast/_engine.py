@@ -374,15 +374,15 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         on = eligible = 0
         new_args = None
         for i, a in enumerate(args):
-            if protected and i in protected:
-                continue
             if isinstance(a, _Tensor):
                 if a.is_floating_point() and on_device(a):
                     on += 1
                     dt = a.dtype
                     if dt is not _FLOAT64:
                         eligible += 1
-                        if dt is not target and target is not None:
+                        # An argument the op writes is never replaced by a copy (its write
+                        # would be lost); it still counts (FIRST takes its dtype).
+                        if dt is not target and target is not None and not (protected and i in protected):
                             if new_args is None:
                                 new_args = list(args)
                             new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i])
@@ -396,7 +396,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                         dt = t.dtype
                         if dt is not _FLOAT64:
                             eligible += 1
-                            if dt is not target and target is not None:
+                            if dt is not target and target is not None and not (protected and i in protected):
                                 if items is None:
                                     items = list(a)
                                 items[j] = _cast(t, dt, target, cast, cache, casts, f"{rule.arg_names[i]}[{j}]")

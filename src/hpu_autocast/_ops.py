@@ -103,13 +103,25 @@ def written_positions(op: OpOverload) -> tuple:
     return tuple(out)
 
 
+def qualified_name(op: OpOverload) -> str:
+    """``aten.addmm.default`` spelled as Python does."""
+    return str(op)
+
+
+def overload_named(qualified: str) -> OpOverload:
+    """The overload ``qualified_name`` spells: ``"aten.addmm.default"`` -> ``aten.addmm.default``."""
+    namespace, packet, overload = qualified.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
 def find_packet(namespace: str, name: str) -> Optional[OpOverloadPacket]:
-    """``torch.ops.<namespace>.<name>`` or ``None``."""
+    """``torch.ops.<namespace>.<name>`` if that is an op, else ``None`` (also for the other
+    attributes of a namespace, such as ``torch.ops.aten.__name__``)."""
     try:
-        ns = getattr(torch.ops, namespace)
-        return getattr(ns, name)
+        packet = getattr(getattr(torch.ops, namespace), name)
     except (AttributeError, RuntimeError):
         return None
+    return packet if isinstance(packet, OpOverloadPacket) else None
 
 
 def all_overloads(namespace: str = "aten") -> Iterator[OpOverload]:

@@ -8,25 +8,17 @@ hpu_autocast._report_cli report ...`` runs it on its own.
 from __future__ import annotations
 
 import argparse
-import importlib
 import runpy
 import sys
 from typing import List, Optional
 
 import torch
 
+from .builder import policy_from_files
+
 __all__ = ["add_parser", "run", "main"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16}
-
-
-def _overrides():
-    """The list-file loader of ``hpu_autocast.overrides`` if this build has one, else ``None``."""
-    try:
-        mod = importlib.import_module("hpu_autocast.overrides")
-    except ImportError:
-        return None
-    return getattr(mod, "policy_from_files", None)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,9 +31,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES),
                    help="lower-precision dtype (default: bfloat16)")
-    if _overrides() is not None:
-        p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
-        p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
+    p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
+    p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")
     p.add_argument("--plot", metavar="PATH", help="also draw the report (PNG or SVG; needs matplotlib)")
@@ -50,9 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _policy(ns: argparse.Namespace):
-    lower, fp32 = getattr(ns, "lower_list", None), getattr(ns, "fp32_list", None)
-    if lower or fp32:
-        return _overrides()(ns.preset, lower=lower, fp32=fp32)
+    if ns.lower_list or ns.fp32_list:
+        return policy_from_files(ns.preset, lower=ns.lower_list, fp32=ns.fp32_list)
     return ns.preset
 
 

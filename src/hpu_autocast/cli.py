@@ -16,10 +16,10 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from . import _report_cli
-from .overrides import policy_from_files, read_list
+from .builder import policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
-from .resolve import PolicyError, resolve
+from .names import PolicyError, resolve
 
 __all__ = ["build_parser", "main", "policy_rows", "render_policy", "policies_markdown"]
 
@@ -61,6 +61,10 @@ def _notes(policy: Policy) -> List[str]:
         notes.append(f"banned: `{op}`: {message}")
     if policy.missing:
         notes.append("names this torch lacks: " + ", ".join(f"`{n}`" for n in policy.missing))
+    if policy.c_names_only:
+        notes.append("list names apply as on Gaudi: C++ function names of functional ops only")
+    for name, list_name, why in policy.ignored:
+        notes.append(f"ignored, as on Gaudi: `{name}` on the {list_name} list ({why})")
     return notes
 
 

@@ -41,7 +41,7 @@ import torch
 import torch.autograd
 
 from .mode import HpuAutocastMode
-from .overrides import policy_from_files
+from .builder import policy_from_files
 from .presets import get_preset
 
 __all__ = ["convert", "disable_casts", "reset", "is_converted", "LOGGER_NAME"]

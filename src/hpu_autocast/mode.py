@@ -10,10 +10,10 @@ import torch
 
 from . import _engine, hpu
 from ._table import compile_policy
+from .builder import as_policy as _as_policy
 from .events import Event
 from .log import combine_observers, make_log_observer
 from .policy import Policy
-from .presets import get_preset
 from .report import Recorder
 
 __all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "device_types", "record"]
@@ -25,19 +25,6 @@ _DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia", "met
 def device_types() -> tuple:
     """The device types a region accepts as ``device_type``."""
     return _DEVICE_TYPES
-
-
-def _as_policy(policy: Union[str, Policy]) -> Policy:
-    if isinstance(policy, Policy):
-        return policy
-    if isinstance(policy, str):
-        if policy == "hpu":
-            # Gaudi's override files (PT_HPU_AUTOCAST_*_OPS_LIST), read when such a mode is made.
-            from .overrides import policy_from_env
-
-            return policy_from_env("hpu")
-        return get_preset(policy)
-    raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
 
 
 def _default_device(policy: Optional[Policy]) -> str:

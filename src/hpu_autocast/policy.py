@@ -1,19 +1,21 @@
 """Cast policies as plain, frozen data: a table from ``OpOverload`` to ``CastPolicy``.
 
-A ``Policy`` knows nothing about how casting happens; the engine reads it. Presets build
-policies from op names (see ``hpu_autocast.presets``); all name handling lives in
-``hpu_autocast.resolve``.
+A ``Policy`` knows nothing about how casting happens, nor about op names: the engine reads
+it, ``hpu_autocast.builder`` builds it from names (resolved by ``hpu_autocast.names``), and
+``hpu_autocast.presets`` says which names make each preset.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Iterable, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
 from torch._ops import OpOverload
+
+from . import _ops
 
 __all__ = ["CastPolicy", "Policy"]
 
@@ -34,23 +36,50 @@ class CastPolicy(enum.Enum):
     #: (``torch.promote_types``); if they already agree, nothing is cast.
     PROMOTE = "promote"
     #: Every eligible tensor input is cast to the dtype of the first eligible tensor input.
-    #: Used for in-place ops a preset names (HPU's ``iadd``): their output is their first
-    #: input, whose dtype cannot change.
+    #: Given to in-place ops on a promote list (their output is their first input, whose dtype
+    #: cannot change) and, by HMP, to ops on no list.
     FIRST = "first"
 
     def __str__(self) -> str:
         return self.value
 
 
+_ACCEPTED = ", ".join(f"CastPolicy.{a.name} or {a.value!r}" for a in CastPolicy)
+
+
+def _action(value: object, where: str) -> CastPolicy:
+    """``value`` as a ``CastPolicy``; its string value (``"lower"``) is accepted too."""
+    if isinstance(value, CastPolicy):
+        return value
+    if isinstance(value, str):
+        try:
+            return CastPolicy(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{where} = {value!r} is not a cast policy; accepted: {_ACCEPTED}")
+
+
+def _overload(key: object, where: str) -> OpOverload:
+    if not isinstance(key, OpOverload):
+        raise TypeError(
+            f"{where}: {key!r} is a {type(key).__name__}, not an OpOverload such as "
+            f"torch.ops.aten.mm.default; to build a policy from op names use hpu_autocast.build_policy"
+        )
+    return key
+
+
 @dataclass(frozen=True)
 class Policy:
     """An immutable autocast policy.
 
-    ``table`` maps op overloads to ``CastPolicy``. Ops not in the table run as their inputs
-    are. ``input_only`` names overloads that cast only their first tensor argument (Gaudi's
-    norms: weight, bias and running statistics keep their dtype). ``banned`` maps overloads
-    to the error message a call raises inside an enabled region. ``dtypes`` are the
-    lower-precision dtypes the policy accepts.
+    ``table`` maps op overloads to ``CastPolicy`` (or its string value, ``"lower"``). Ops not
+    in the table run as their inputs are. ``input_only`` names overloads that cast only their
+    first tensor argument (Gaudi's norms: weight, bias and running statistics keep their
+    dtype). ``banned`` maps overloads to the error message a call raises inside an enabled
+    region. ``dtypes`` are the lower-precision dtypes the policy accepts.
+
+    A policy is a value: equal policies hash alike, and it survives ``copy.deepcopy`` and
+    ``pickle`` (overloads travel by qualified name).
     """
 
     name: str
@@ -68,63 +97,58 @@ class Policy:
     #: Every op of the promote list, also those a lower or FP32 entry overrides: when a user
     #: replaces the lower list, an op it no longer names falls back to promote.
     promoted: frozenset = frozenset()
-    #: The device type a region of this policy casts for by default (``torch.autocast``'s first
-    #: argument); ``None``: the device this process runs on (Gaudi's presets, which also serve as
-    #: a stand-in on CPU and CUDA).
+    #: The device type a region of this policy casts by default: "cpu" (torch-cpu), "cuda"
+    #: (torch-cuda), "xpu" (xpu); ``None`` means the device the package runs on, which the
+    #: mode resolves (hpu, hmp, hmp-O2).
     device_type: Optional[str] = None
+    #: Apply only list names that are C++ function names of functional ops, as Gaudi's bridge
+    #: does (the ``hpu`` preset); ``with_lists`` keeps this for the lists it is given.
+    c_names_only: bool = False
+    #: The list names this policy does not apply, as ``(name, list, why)``: under
+    #: ``c_names_only``, Python names (``iadd``) and in-place or ``out=`` ones (``add_``).
+    ignored: tuple = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # Note: frozen means frozen all the way down; callers may pass plain dicts.
-        object.__setattr__(self, "table", MappingProxyType(dict(self.table)))
-        object.__setattr__(self, "banned", MappingProxyType(dict(self.banned)))
-        object.__setattr__(self, "input_only", frozenset(self.input_only))
-        object.__setattr__(self, "promoted", frozenset(self.promoted))
+        # Note: frozen means frozen all the way down; callers may pass plain dicts. Keys are
+        # checked and actions coerced here, so a hand-made policy fails at once, by name.
+        table = {_overload(k, f"Policy {self.name!r}: table key"): _action(v, f"Policy {self.name!r}: table[{k}]")
+                 for k, v in self.table.items()}
+        banned = {_overload(k, f"Policy {self.name!r}: banned key"): v for k, v in self.banned.items()}
+        object.__setattr__(self, "table", MappingProxyType(table))
+        object.__setattr__(self, "banned", MappingProxyType(banned))
+        for name in ("input_only", "promoted"):
+            ops = frozenset(getattr(self, name))
+            for op in ops:
+                _overload(op, f"Policy {self.name!r}: {name}")
+            object.__setattr__(self, name, ops)
+        object.__setattr__(self, "dtypes", tuple(self.dtypes))
+        object.__setattr__(self, "missing", tuple(self.missing))
+        object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
+        for name in ("unlisted", "inplace"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _action(getattr(self, name), f"Policy {self.name!r}: {name}"))
         # Once: a region's entry looks the policy up in compile_policy's cache.
-        object.__setattr__(self, "_hash", hash((self.name, tuple(sorted((str(k), v.value) for k, v in self.table.items())))))
+        object.__setattr__(self, "_hash", hash((self.name, tuple(sorted((str(k), v.value) for k, v in table.items())))))
 
     def __hash__(self) -> int:
         return self._hash
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Policy):
-            return NotImplemented
-        return (
-            self.name == other.name
-            and dict(self.table) == dict(other.table)
-            and self.input_only == other.input_only
-            and dict(self.banned) == dict(other.banned)
-            and self.dtypes == other.dtypes
-            and self.unlisted == other.unlisted
-            and self.inplace == other.inplace
-            and self.device_type == other.device_type
-        )
-
-    def action(self, op: OpOverload) -> Optional[CastPolicy]:
-        """The ``CastPolicy`` for ``op``, or ``None`` if the policy leaves it alone."""
-        return self.table.get(op)
+    def __reduce__(self):
+        # Note: torch cannot pickle an OpOverload ("pybind11 ... is not pickleable"), so a
+        # policy travels with its overloads' qualified names and finds them again on load
+        # (a custom op's library must be loaded there too). deepcopy takes the same road.
+        state = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        name = _ops.qualified_name
+        state["table"] = {name(op): a for op, a in self.table.items()}
+        state["banned"] = {name(op): m for op, m in self.banned.items()}
+        state["input_only"] = sorted(map(name, self.input_only))
+        state["promoted"] = sorted(map(name, self.promoted))
+        return (_from_names, (state,))
 
     def ops(self, action: CastPolicy) -> list:
         """The overloads with ``action``, sorted by name."""
         return sorted((op for op, a in self.table.items() if a is action), key=str)
-
-    def replace_table(self, table: Mapping[OpOverload, CastPolicy], *, name: Optional[str] = None,
-                      input_only: Optional[Iterable[OpOverload]] = None) -> "Policy":
-        """A new policy with another table (and optionally name and ``input_only``)."""
-        return replace(
-            self,
-            table=table,
-            name=self.name if name is None else name,
-            input_only=self.input_only if input_only is None else frozenset(input_only),
-        )
-
-    def with_lists(self, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
-                   promote: Optional[Iterable] = None, name: Optional[str] = None) -> "Policy":
-        """A new policy whose lower, FP32 and/or promote lists are replaced by these op names
-        (see ``hpu_autocast.overrides.with_lists``)."""
-        from .overrides import with_lists
-
-        return with_lists(self, lower=lower, fp32=fp32, promote=promote, name=name)
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         """Raise ``ValueError`` naming ``dtype`` if this policy cannot run in it."""
@@ -138,3 +162,13 @@ class Policy:
     def __str__(self) -> str:
         counts = ", ".join(f"{a}={len(self.ops(a))}" for a in CastPolicy if self.ops(a))
         return f"Policy({self.name}: {counts})"
+
+
+def _from_names(state: dict) -> Policy:
+    """The inverse of ``Policy.__reduce__``."""
+    op = _ops.overload_named
+    return Policy(**{**state,
+                     "table": {op(k): a for k, a in state["table"].items()},
+                     "banned": {op(k): m for k, m in state["banned"].items()},
+                     "input_only": frozenset(map(op, state["input_only"])),
+                     "promoted": frozenset(map(op, state["promoted"]))})

@@ -1,9 +1,11 @@
-"""Intel Gaudi (HPU) autocast: the default lists of seed 000 ("Mixed Precision Training with
-PyTorch Autocast", Registered Operators), verbatim, one name per line.
+"""Intel Gaudi (HPU) autocast, preset ``hpu``: the default lists of "Mixed Precision Training
+with PyTorch Autocast" (Intel Gaudi documentation, section "Registered Operators"; seed 000,
+tests/seeds/000_gaudi_autocast.txt), every name of the document, grouped.
 
-Rules the seed states, applied by the loader: FP32 and lower-precision lists take precedence
-over promote; bfloat16 only (float16 is not supported); the autocast cache is always off on
-HPU. The norms cast only their input, as Gaudi's bridge does.
+The rules the document states (FP32 and lower lists over promote, bfloat16 only) and what
+Gaudi's bridge does beyond it (the norms cast their input alone; names that are not C++
+functions of functional ops, ``iadd`` and ``truediv`` here, have no effect) are the registry's
+options for the preset (``presets/__init__.py``, docs/hpu.md).
 """
 
 LOWER = [
@@ -39,8 +41,12 @@ FP32 = [
 ]
 
 PROMOTE = [
-    "add", "addcmul", "addcdiv", "cat", "div", "exp", "mul", "pow", "sub", "iadd",
-    "truediv", "stack",
+    # pointwise arithmetic
+    "add", "addcmul", "addcdiv", "div", "exp", "mul", "pow", "sub",
+    # Python names (no effect on Gaudi, see the docstring)
+    "iadd", "truediv",
+    # joins
+    "cat", "stack",
 ]
 
 #: Ops that cast their input alone; weight, bias and running statistics keep their dtype.

@@ -1,8 +1,9 @@
-"""PyTorch's CPU autocast: the lists of seed 003 (``torch.amp`` docs, "CPU Ops that can
-autocast to bfloat16", "CPU Ops that can autocast to float32", "CPU Ops that promote to the
-widest input type"), verbatim. float16 shares the lists of bfloat16.
+"""PyTorch's CPU autocast, preset ``torch-cpu``: the CPU lists of PyTorch's ``torch.amp``
+reference ("CPU Ops that can autocast to bfloat16", "CPU Ops that can autocast to float32", "CPU
+Ops that promote to the widest input type"; seed 003, tests/seeds/003_torch_amp.txt), every name,
+grouped, plus two torch registers beyond them (marked). float16 shares the lists of bfloat16.
 
-The loader keeps, of each name, the overloads the installed torch registers for the
+The registry keeps, of each name, the overloads the installed torch registers for the
 ``AutocastCPU`` dispatch key, so the preset is exactly what ``torch.autocast("cpu")`` does.
 """
 
@@ -49,4 +50,7 @@ FP32 = [
     "fft_hfft", "fft_ihfft",
 ]
 
-PROMOTE = ["cat", "stack", "index_copy"]
+PROMOTE = [
+    # joins and copies
+    "cat", "stack", "index_copy",
+]

@@ -1,4 +1,4 @@
-"""One resolver from the op names users write to the ``OpOverload`` keys policies use.
+"""The one resolver from the op names users write to the ``OpOverload`` keys policies use.
 
 Accepted spellings (see ``resolve``)::
 
@@ -8,24 +8,26 @@ Accepted spellings (see ``resolve``)::
 
 A bare name covers the packet's functional overloads (for a composite such as ``linear``,
 its entry). In-place and ``out=`` overloads are covered only when spelled: ``add_``,
-``addmm.out``, ``iadd``.
+``addmm.out``, ``iadd``. An overload is one the packet lists (``packet.overloads()``); any other
+attribute of a packet (``mm.overloads``) is an unknown overload.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from torch._ops import OpOverload
 
 from . import _ops
 
-__all__ = ["PolicyError", "resolve", "resolve_many", "Source"]
+__all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "describe", "is_python_name", "resolve", "suggestions"]
 
 #: Python-level spellings used by the seed documents and by HMP/Gaudi list files, mapped to
-#: ATen packet names. A tuple maps to several packets.
+#: ATen packet names. A tuple maps to several packets. None of them is itself the name of an
+#: ATen (C++) function (``is_python_name``).
 PYTHON_ALIASES = {
     "truediv": "div",
     "__truediv__": "div",
@@ -76,6 +78,11 @@ def _where(source: Optional[Source]) -> str:
     return f" ({file}, line {line})" if line is not None else f" ({file})"
 
 
+def describe(name: str, source: Optional[Source] = None) -> str:
+    """``'mm' (lower.txt, line 3)``: a name and where it came from, for messages."""
+    return f"{name!r}{_where(source)}"
+
+
 @functools.lru_cache(maxsize=1)
 def _known_names() -> tuple:
     names = set(PYTHON_ALIASES)
@@ -117,12 +124,20 @@ def _split(name: str) -> Tuple[str, str, Optional[str]]:
     return "aten", name, None
 
 
+def is_python_name(name: str) -> bool:
+    """True for a Python-level spelling (``truediv``, ``iadd``, ``__matmul__``, ``cross_entropy``,
+    also as ``aten::truediv``): a key of ``PYTHON_ALIASES`` that no ATen function is called. C++
+    code, such as Gaudi's bridge reading its list files, does not know these names."""
+    ns, base, overload = _split(name.strip())
+    return ns == "aten" and overload is None and base in PYTHON_ALIASES and _ops.find_packet("aten", base) is None
+
+
 def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
     """The overloads ``name`` stands for. Raises ``PolicyError`` naming it when it is unknown."""
     if not isinstance(name, str) or not name.strip():
         raise PolicyError(f"op names must be non-empty strings, got {name!r}{_where(source)}")
     name = name.strip()
-    if isinstance(name, str) and name in PYTHON_ALIASES:
+    if name in PYTHON_ALIASES:
         targets = PYTHON_ALIASES[name]
         targets = (targets,) if isinstance(targets, str) else targets
         return [op for t in targets for op in resolve(t, source)]
@@ -130,16 +145,21 @@ def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
     if ns == "aten" and base in PYTHON_ALIASES and overload is None:
         return resolve(base, source)
     packet = _ops.find_packet(ns, base)
-    if packet is None or not isinstance(packet, OpOverloadPacket):
+    if packet is None:
         raise _unknown(name, source)
     if overload is not None:
+        # Note: only the names the packet lists are overloads; any other attribute of it
+        # (``mm.overloads``, ``mm.__name__``) is a method or a string, never a policy key.
         try:
-            return [getattr(packet, overload)]
+            op = getattr(packet, overload) if overload in packet.overloads() else None
         except (AttributeError, RuntimeError):
+            op = None
+        if not isinstance(op, OpOverload):
             valid = ", ".join(sorted(packet.overloads()))
             raise PolicyError(
                 f"unknown overload {name!r}{_where(source)}; {ns}::{base} has: {valid}"
-            ) from None
+            )
+        return [op]
     ops = list(_ops.overloads(packet))
     if base.endswith("_"):
         # A spelled in-place packet: every overload of it.
@@ -148,16 +168,3 @@ def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
     if not functional:
         raise _unknown(name, source, why="op has no functional overload:")
     return functional
-
-
-def resolve_many(names: Iterable, source_file: Optional[str] = None) -> List[OpOverload]:
-    """Resolve several names (or ``OpOverload``/``OpOverloadPacket`` objects) in order."""
-    out: List[OpOverload] = []
-    for i, name in enumerate(names):
-        if isinstance(name, OpOverload):
-            out.append(name)
-        elif isinstance(name, OpOverloadPacket):
-            out.extend(op for op in _ops.overloads(name) if _ops.is_functional(op))
-        else:
-            out.extend(resolve(name, (source_file, None) if source_file else None))
-    return out

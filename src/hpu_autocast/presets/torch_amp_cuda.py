@@ -1,9 +1,10 @@
-"""PyTorch's CUDA autocast: the lists of seed 003 (``torch.amp`` docs, "CUDA Ops that can
-autocast to float16", "CUDA Ops that can autocast to float32", "CUDA Ops that promote to the
-widest input type"), verbatim, with the Python-level names the docs use (``__matmul__``,
-``GRUCell``) resolved by ``hpu_autocast.resolve``. bfloat16 shares the float16 list.
+"""PyTorch's CUDA autocast, preset ``torch-cuda``: the CUDA lists of PyTorch's ``torch.amp``
+reference ("CUDA Ops that can autocast to float16", "CUDA Ops that can autocast to float32", "CUDA
+Ops that promote to the widest input type"; seed 003, tests/seeds/003_torch_amp.txt), verbatim,
+with the Python-level names the docs use (``__matmul__``, ``GRUCell``) resolved by
+``hpu_autocast.names``. bfloat16 shares the float16 list.
 
-The loader keeps, of each name, the overloads torch registers for ``AutocastCUDA`` and the
+The registry keeps, of each name, the overloads torch registers for ``AutocastCUDA`` and the
 composite entries (``cross_entropy_loss``, ``conv1d.padding``) whose insides native autocast
 casts at registered ops: applying the rule at the entry gives the same values. Names that
 resolve to nothing registered are dropped: ``__rdiv__`` is ``reciprocal(self) * other`` in
@@ -13,13 +14,16 @@ torch, so plain ``div`` stays uncast as under native autocast.
 float16 cannot hold; the error names the safe replacement.
 """
 
+# The document's order, alphabetical, is kept (tests compare the lists with it).
 LOWER = [
+    # GEMMs, convolutions, recurrent cells
     "__matmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul", "multi_dot",
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
     "GRUCell", "linear", "LSTMCell", "matmul", "mm", "mv", "prelu", "RNNCell",
 ]
 
 FP32 = [
+    # pointwise math, reductions, norms, losses
     "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin",
     "binary_cross_entropy_with_logits", "cosh", "cosine_embedding_loss", "cdist",
     "cosine_similarity", "cross_entropy", "cumprod", "cumsum", "dist", "erfinv", "exp", "expm1",
@@ -31,6 +35,7 @@ FP32 = [
 ]
 
 PROMOTE = [
+    # ops with several inputs whose dtypes must match
     "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sample", "index_put",
     "scatter_add", "tensordot",
 ]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hpu_autocast import HpuAutocastMode, PolicyError, build_policy, resolve
+from hpu_autocast.names import PYTHON_ALIASES, is_python_name
 
 aten = torch.ops.aten
 
@@ -59,6 +60,30 @@ def test_a_name_covers_functional_overloads_only():
 def test_unknown_names(name, message):
     with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
         resolve(name)
+
+
+@pytest.mark.parametrize("name", ["mm.overloads", "mm.__name__", "aten.mm.__doc__", "aten::mm.__call__",
+                                  "aten.mm.overloads"])
+def test_attributes_of_a_packet_are_not_overloads(name):
+    # Only the names packet.overloads() lists are overloads; resolve once returned the bound
+    # method or string an attribute lookup gave (``mm.overloads`` -> [<bound method ...>]).
+    valid = ", ".join(sorted(aten.mm.overloads()))
+    with pytest.raises(PolicyError) as err:
+        resolve(name, ("lower.txt", 3))
+    assert str(err.value) == f"unknown overload {name!r} (lower.txt, line 3); aten::mm has: {valid}"
+
+
+@pytest.mark.parametrize("name, python", [
+    ("iadd", True), ("truediv", True), ("aten::truediv", True), ("__matmul__", True), ("cross_entropy", True),
+    ("add", False), ("add_", False), ("div", False), ("addmm.out", False), ("cross_entropy_loss", False),
+])
+def test_python_names(name, python):
+    # Python-level spellings, which C++ code (Gaudi's bridge reading its lists) does not know.
+    assert is_python_name(name) is python
+
+
+def test_every_alias_is_a_python_name():
+    assert all(is_python_name(name) for name in PYTHON_ALIASES)
 
 
 def test_unknown_name_cites_its_source():

@@ -1,0 +1,94 @@
+"""``Policy`` as a value: built by hand with clear errors, equal to its copies and pickles."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+import torch
+
+from hpu_autocast import CastPolicy, Policy, get_preset, preset_names
+
+aten = torch.ops.aten
+MM, EXP = aten.mm.default, aten.exp.default
+
+torch.library.define("hpu_autocast_policy_test::twice", "(Tensor x) -> Tensor")
+
+
+@torch.library.impl("hpu_autocast_policy_test::twice", "CompositeExplicitAutograd")
+def _twice(x):
+    return x * 2
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_a_preset_survives_pickle_and_deepcopy(preset):
+    # Both raised "cannot pickle 'mappingproxy' object"; torch cannot pickle an OpOverload
+    # either, so overloads travel by name.
+    policy = get_preset(preset)
+    for other in (pickle.loads(pickle.dumps(policy)), copy.deepcopy(policy)):
+        assert other == policy and hash(other) == hash(policy)
+        assert dict(other.table) == dict(policy.table) and other.banned == policy.banned
+        assert other.input_only == policy.input_only and other.promoted == policy.promoted
+
+
+def test_a_custom_op_policy_pickles():
+    policy = Policy(name="custom", table={torch.ops.hpu_autocast_policy_test.twice.default: CastPolicy.LOWER})
+    assert pickle.loads(pickle.dumps(policy)) == policy
+
+
+def test_actions_may_be_given_by_their_string_value():
+    # Was: AttributeError "'str' object has no attribute 'value'".
+    policy = Policy(name="x", table={MM: "lower", EXP: "fp32"}, unlisted="first")
+    assert policy.table == {MM: CastPolicy.LOWER, EXP: CastPolicy.FP32}
+    assert policy.unlisted is CastPolicy.FIRST
+    assert policy == Policy(name="x", table={MM: CastPolicy.LOWER, EXP: CastPolicy.FP32},
+                            unlisted=CastPolicy.FIRST)
+
+
+def test_a_bad_action_names_the_key_the_value_and_the_accepted_values():
+    with pytest.raises(ValueError) as err:
+        Policy(name="x", table={MM: "low"})
+    assert str(err.value) == (
+        "Policy 'x': table[aten.mm.default] = 'low' is not a cast policy; accepted: CastPolicy.LOWER "
+        "or 'lower', CastPolicy.FP32 or 'fp32', CastPolicy.PROMOTE or 'promote', CastPolicy.FIRST or 'first'")
+
+
+@pytest.mark.parametrize("key, kind", [("mm", "str"), (aten.mm, "OpOverloadPacket"), (torch.mm, "builtin_function_or_method")])
+def test_a_key_that_is_not_an_overload_points_to_build_policy(key, kind):
+    with pytest.raises(TypeError) as err:
+        Policy(name="x", table={key: CastPolicy.LOWER})
+    assert str(err.value) == (
+        f"Policy 'x': table key: {key!r} is a {kind}, not an OpOverload such as torch.ops.aten.mm.default; "
+        "to build a policy from op names use hpu_autocast.build_policy")
+
+
+def test_ops_named_outside_the_table_are_overloads_too():
+    with pytest.raises(TypeError, match="Policy 'x': input_only: 'layer_norm' is a str"):
+        Policy(name="x", table={}, input_only={"layer_norm"})
+    with pytest.raises(TypeError, match="Policy 'x': banned key: 'binary_cross_entropy' is a str"):
+        Policy(name="x", table={}, banned={"binary_cross_entropy": "no"})
+
+
+def test_equal_policies_hash_alike_and_every_field_counts():
+    a = Policy(name="x", table={MM: CastPolicy.LOWER})
+    assert a == Policy(name="x", table={MM: "lower"}) and hash(a) == hash(Policy(name="x", table={MM: "lower"}))
+    # promoted decides what a replaced lower list falls back to, so it is part of the value.
+    assert a != dataclasses.replace(a, promoted={MM}) and a != dataclasses.replace(a, device_type="cpu")
+
+
+def test_a_policy_is_frozen_all_the_way_down():
+    policy = Policy(name="x", table={MM: CastPolicy.LOWER})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.name = "y"
+    with pytest.raises(TypeError):
+        policy.table[EXP] = CastPolicy.FP32
+
+
+def test_device_type_defaults_to_the_running_device():
+    assert Policy(name="x", table={}).device_type is None
+    # The torch and XPU presets name their device; Gaudi's leave it to the mode.
+    device_types = {name: get_preset(name).device_type for name in preset_names()}
+    assert device_types == {"hpu": None, "hmp": None, "hmp-O2": None, "xpu": "xpu", "torch-cpu": "cpu",
+                            "torch-cuda": "cuda"}
