@@ -16,10 +16,9 @@ import hpu_autocast
 
 PACKAGE = pathlib.Path(hpu_autocast.__file__).resolve().parent
 
-#: Edges known to close a cycle, owned by modules outside the policy side: the engine rewrite
-#: removes these (mode -> report -> mode, mode -> report -> _graph -> mode). Each must still
-#: exist, so the list shrinks with the code; nothing may be added to it.
-KNOWN = {("hpu_autocast.mode", "hpu_autocast.report")}
+#: Edges known to close a cycle: none. (The engine rewrite removed the last, mode -> report ->
+#: mode: the report consumes events and imports nothing above it.) Nothing may be added here.
+KNOWN: Set[tuple] = set()
 
 
 def _modules() -> Dict[str, pathlib.Path]:
