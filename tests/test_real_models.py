@@ -1,0 +1,160 @@
+"""Real architectures from Hugging Face ``transformers`` (tiny configs, random weights; see
+``_real_models.py``) under ``policy="torch-cpu"`` against native ``torch.autocast("cpu")``, bit
+for bit, and under ``policy="hpu"``, which has no native oracle on CPU, for running at all.
+
+* Training step, bfloat16 and float16: every tensor the model returns (logits, its own loss
+  computed inside the region, encoder states), with its dtype, and every parameter's gradient,
+  ``loss.backward()`` outside the region as users write it.
+* Evaluation, under ``no_grad``: the outputs.
+* GPT-2 with activation checkpointing, reentrant and not: the recompute in backward must run
+  under the forward's autocast state, as ``torch.utils.checkpoint`` arranges for native autocast.
+* ``policy="hpu"``, bfloat16: a training step runs and its loss and gradients are finite.
+
+Skipped where the ``models`` extra (``transformers``) is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from _parity import differences  # noqa: E402
+from _real_models import ARCHS, pair, tensors  # noqa: E402
+from hpu_autocast import HpuAutocastMode  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _train_step(model: torch.nn.Module, inputs: dict, region):
+    """Forward and the model's own loss inside ``region``, backward outside it. Returns the
+    output tensors with the buffers after the step (BatchNorm's running statistics), and the
+    gradients by parameter name."""
+    model.train()
+    with region:
+        out = model(**inputs)
+    out.loss.backward()
+    buffers = {f"buffer {n}": b for n, b in model.named_buffers()}
+    return {**tensors(out), **buffers}, {n: p.grad for n, p in model.named_parameters()}
+
+
+def _grad_differences(grads: dict, ref: dict) -> list:
+    out = []
+    for name, g in grads.items():
+        r = ref[name]
+        if g is None or r is None:
+            if (g is None) != (r is None):
+                out.append(f"grad of {name}: {'None' if g is None else 'a tensor'} != "
+                           f"{'None' if r is None else 'a tensor'}")
+        else:
+            out += [f"grad of {name}: {d}" for d in differences(g, r)]
+    return out
+
+
+def _assert_train_steps_equal(a, b):
+    (out, grads), (ref, ref_grads) = a, b
+    assert not differences(out, ref), differences(out, ref)
+    bad = _grad_differences(grads, ref_grads)
+    assert not bad, f"{len(bad)} of {len(grads)} gradients differ: " + "; ".join(d[:200] for d in bad[:5])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_training_step_matches_native(name, dtype):
+    ours, native, inputs = pair(name)
+    a = _train_step(ours, inputs, HpuAutocastMode(dtype, policy="torch-cpu"))
+    b = _train_step(native, inputs, torch.autocast("cpu", dtype=dtype))
+    _assert_train_steps_equal(a, b)
+
+
+def test_native_autocast_changes_every_model():
+    # The comparisons above have teeth: for every architecture, native autocast's step differs
+    # from the float32 step in the loss and in most gradients, so a region that cast nothing,
+    # or cast the wrong ops, would not match it.
+    for name in ARCHS:
+        native, plain, inputs = pair(name)
+        (out, grads), (ref, ref_grads) = (_train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16)),
+                                          _train_step(plain, inputs, contextlib.nullcontext()))
+        assert differences(out["loss"], ref["loss"]), name
+        assert len(_grad_differences(grads, ref_grads)) > len(grads) // 2, name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_eval_forward_matches_native(name, dtype):
+    ours, native, inputs = pair(name)
+    ours.eval(), native.eval()
+    with torch.no_grad():
+        with HpuAutocastMode(dtype, policy="torch-cpu"):
+            out = tensors(ours(**inputs))
+        with torch.autocast("cpu", dtype=dtype):
+            ref = tensors(native(**inputs))
+    assert not differences(out, ref), differences(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_activation_checkpointing_matches_native(reentrant, dtype):
+    # torch.utils.checkpoint records the autocast state at the forward and recomputes under it
+    # in backward, which runs outside the region. Non-reentrant checkpointing also checks that
+    # the recomputed tensors have the forward's metadata (dtype included).
+    ours, native, inputs = pair("gpt2")
+    for model in (ours, native):
+        # `gradient_checkpointing_enable` is its deprecated alias in transformers 5.
+        model.activation_checkpointing_enable({"use_reentrant": reentrant})
+    a = _train_step(ours, inputs, HpuAutocastMode(dtype, policy="torch-cpu"))
+    b = _train_step(native, inputs, torch.autocast("cpu", dtype=dtype))
+    _assert_train_steps_equal(a, b)
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_activation_checkpointing_is_on(reentrant):
+    # The test above checkpoints for real: GPT-2's blocks call the checkpoint function.
+    calls = []
+    model, _, inputs = pair("gpt2")
+    model.activation_checkpointing_enable({"use_reentrant": reentrant})
+    for block in model.transformer.h:
+        f = block._gradient_checkpointing_func
+        block._gradient_checkpointing_func = lambda *a, f=f, **k: calls.append(1) or f(*a, **k)
+    _train_step(model, inputs, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert len(calls) == len(model.transformer.h)
+
+
+def test_maybe_autocast_opt_out_matches_native():
+    # What GPT-2's _upcast_and_reordered_attn does, reduced: transformers' `maybe_autocast`
+    # returns `torch.autocast(device, enabled=False)` only while `torch.is_autocast_enabled(device)`
+    # is True (else a nullcontext), and the GEMM under it must then run in float32. Under native
+    # autocast both hold; a region must make both hold too.
+    from transformers.utils.generic import maybe_autocast
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, 8, 8, generator=g), torch.randn(4, 8, 8, generator=g)
+
+    def scores():
+        with maybe_autocast("cpu", enabled=False):
+            return torch.baddbmm(torch.empty(4, 8, 8), q, k, beta=0, alpha=0.25)
+
+    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+        ours = scores()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = scores()
+    assert ref.dtype == torch.float32
+    assert not differences(ours, ref), differences(ours, ref)
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_hpu_policy_trains(name):
+    # Gaudi's lists have no oracle on CPU: the step runs, changes the logits (so something was
+    # lowered), and gives a finite loss and a finite gradient for every parameter that gets one
+    # in float32.
+    model, plain, inputs = pair(name)
+    out, grads = _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu"))
+    plain_out, plain_grads = _train_step(plain, inputs, contextlib.nullcontext())
+    assert differences(out["logits"], plain_out["logits"])
+    assert torch.isfinite(out["loss"]).all(), out["loss"]
+    assert {n for n, g in grads.items() if g is not None} == {n for n, g in plain_grads.items() if g is not None}
+    bad = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
+    assert not bad, f"non-finite gradients: {bad}"
