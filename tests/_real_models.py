@@ -76,7 +76,7 @@ def _model(cls, config) -> Callable[[], torch.nn.Module]:
 def _gpt2(attn: str = "eager", **kw) -> Callable[[], torch.nn.Module]:
     config = tf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2,
                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-                           attn_implementation=attn, **kw)
+                           use_cache=False, attn_implementation=attn, **kw)
     return _model(tf.GPT2LMHeadModel, config)
 
 

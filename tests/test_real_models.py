@@ -123,11 +123,25 @@ def test_activation_checkpointing_is_on(reentrant):
     assert len(calls) == len(model.transformer.h)
 
 
-def test_maybe_autocast_opt_out_matches_native():
+def test_activation_checkpointing_with_context_fn_matches_native():
+    # The workaround hpu_autocast.checkpoint documents for torch's own checkpoint (non-reentrant
+    # only: reentrant checkpointing takes no context_fn), passed through transformers' kwargs.
+    from hpu_autocast.checkpoint import context_fn
+
+    ours, native, inputs = pair("gpt2")
+    ours.activation_checkpointing_enable({"use_reentrant": False, "context_fn": context_fn})
+    native.activation_checkpointing_enable({"use_reentrant": False})
+    a = _train_step(ours, inputs, HpuAutocastMode(torch.bfloat16, policy="torch-cpu"))
+    b = _train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16))
+    _assert_train_steps_equal(a, b)
+
+
+@pytest.mark.parametrize("policy", ["torch-cpu", "hpu"])
+def test_maybe_autocast_opt_out_runs_in_float32(policy):
     # What GPT-2's _upcast_and_reordered_attn does, reduced: transformers' `maybe_autocast`
     # returns `torch.autocast(device, enabled=False)` only while `torch.is_autocast_enabled(device)`
-    # is True (else a nullcontext), and the GEMM under it must then run in float32. Under native
-    # autocast both hold; a region must make both hold too.
+    # is True (else a nullcontext), and the GEMM under it must then run as outside any region:
+    # in float32, on the float32 inputs. Native autocast does both; a region of any policy must too.
     from transformers.utils.generic import maybe_autocast
 
     g = torch.Generator().manual_seed(0)
@@ -137,15 +151,16 @@ def test_maybe_autocast_opt_out_matches_native():
         with maybe_autocast("cpu", enabled=False):
             return torch.baddbmm(torch.empty(4, 8, 8), q, k, beta=0, alpha=0.25)
 
-    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+    with HpuAutocastMode(torch.bfloat16, policy=policy):
         ours = scores()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref = scores()
-    assert ref.dtype == torch.float32
-    assert not differences(ours, ref), differences(ours, ref)
+        native = scores()
+    plain = scores()
+    assert native.dtype == torch.float32 and not differences(native, plain)  # the oracle opts out
+    assert not differences(ours, plain), differences(ours, plain)
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", [n for n in ARCHS if n != "gpt2_upcast"])
 def test_hpu_policy_trains(name):
     # Gaudi's lists have no oracle on CPU: the step runs, changes the logits (so something was
     # lowered), and gives a finite loss and a finite gradient for every parameter that gets one
@@ -158,3 +173,13 @@ def test_hpu_policy_trains(name):
     assert {n for n, g in grads.items() if g is not None} == {n for n, g in plain_grads.items() if g is not None}
     bad = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
     assert not bad, f"non-finite gradients: {bad}"
+
+
+def test_hpu_policy_gpt2_upcast_raises_as_on_gaudi():
+    # Not a gap of the engine but of the pairing: Gaudi's lists lower softmax (seed 000, the
+    # `hpu` preset), and GPT-2 calls softmax on the float32 scores *after* its opt-out block has
+    # ended, so under Gaudi's autocast the weights come out bfloat16 and GPT-2 raises. An engine
+    # that honours the opt-out (test_maybe_autocast_opt_out_runs_in_float32[hpu]) still raises.
+    model, _, inputs = pair("gpt2_upcast")
+    with pytest.raises(RuntimeError, match="Error with upcasting"):
+        _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu"))
