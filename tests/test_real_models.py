@@ -8,6 +8,9 @@ for bit, and under ``policy="hpu"``, which has no native oracle on CPU, for runn
 * Evaluation, under ``no_grad``: the outputs.
 * GPT-2 with activation checkpointing, reentrant and not: the recompute in backward must run
   under the forward's autocast state, as ``torch.utils.checkpoint`` arranges for native autocast.
+* GPT-2 with ``reorder_and_upcast_attn=True`` (an entry of ``ARCHS``), and its mechanism reduced:
+  transformers' ``maybe_autocast(device, enabled=False)`` must opt out of a region as it opts out
+  of native autocast, which needs ``torch.is_autocast_enabled(device)`` to be True in the region.
 * ``policy="hpu"``, bfloat16: a training step runs and its loss and gradients are finite.
 
 Skipped where the ``models`` extra (``transformers``) is not installed.
