@@ -44,24 +44,30 @@ def _train_step(model: torch.nn.Module, inputs: dict, region):
     return {**tensors(out), **buffers}, {n: p.grad for n, p in model.named_parameters()}
 
 
-def _grad_differences(grads: dict, ref: dict) -> list:
+def _differences(ours: dict, ref: dict) -> list:
+    """What differs between two ``{name: tensor or None}`` dicts, bit for bit, one short line
+    per name (``differences`` prints whole tensors; these name the field and how far apart)."""
     out = []
-    for name, g in grads.items():
-        r = ref[name]
-        if g is None or r is None:
-            if (g is None) != (r is None):
-                out.append(f"grad of {name}: {'None' if g is None else 'a tensor'} != "
-                           f"{'None' if r is None else 'a tensor'}")
-        else:
-            out += [f"grad of {name}: {d}" for d in differences(g, r)]
+    for name, a in ours.items():
+        b = ref[name]
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                out.append(f"{name}: {'None' if a is None else 'a tensor'} != {'None' if b is None else 'a tensor'}")
+        elif a.dtype != b.dtype or a.shape != b.shape:
+            out.append(f"{name}: {a.dtype}{list(a.shape)} != {b.dtype}{list(b.shape)}")
+        elif differences(a, b):
+            diff = a.double() - b.double()
+            out.append(f"{name}: {int((diff != 0).sum())} of {a.numel()} {a.dtype} values differ, "
+                       f"max |diff| {diff.abs().max().item():.3g}")
     return out
 
 
 def _assert_train_steps_equal(a, b):
     (out, grads), (ref, ref_grads) = a, b
-    assert not differences(out, ref), differences(out, ref)
-    bad = _grad_differences(grads, ref_grads)
-    assert not bad, f"{len(bad)} of {len(grads)} gradients differ: " + "; ".join(d[:200] for d in bad[:5])
+    bad = _differences(out, ref)
+    assert not bad, "outputs differ: " + "; ".join(bad)
+    bad = _differences(grads, ref_grads)
+    assert not bad, f"{len(bad)} of {len(grads)} gradients differ: " + "; ".join(bad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -82,7 +88,7 @@ def test_native_autocast_changes_every_model():
         (out, grads), (ref, ref_grads) = (_train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16)),
                                           _train_step(plain, inputs, contextlib.nullcontext()))
         assert differences(out["loss"], ref["loss"]), name
-        assert len(_grad_differences(grads, ref_grads)) > len(grads) // 2, name
+        assert len(_differences(grads, ref_grads)) > len(grads) // 2, name
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -95,7 +101,8 @@ def test_eval_forward_matches_native(name, dtype):
             out = tensors(ours(**inputs))
         with torch.autocast("cpu", dtype=dtype):
             ref = tensors(native(**inputs))
-    assert not differences(out, ref), differences(out, ref)
+    bad = _differences(out, ref)
+    assert not bad, "outputs differ: " + "; ".join(bad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
