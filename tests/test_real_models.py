@@ -1,0 +1,195 @@
+"""Real architectures from Hugging Face ``transformers`` (tiny configs, random weights; see
+``_real_models.py``) under ``policy="torch-cpu"`` against native ``torch.autocast("cpu")``, bit
+for bit, and under ``policy="hpu"``, which has no native oracle on CPU, for running at all.
+
+* Training step, bfloat16 and float16: every tensor the model returns (logits, its own loss
+  computed inside the region, encoder states), with its dtype, and every parameter's gradient,
+  ``loss.backward()`` outside the region as users write it.
+* Evaluation, under ``no_grad``: the outputs.
+* GPT-2 with activation checkpointing, reentrant and not: the recompute in backward must run
+  under the forward's autocast state, as ``torch.utils.checkpoint`` arranges for native autocast.
+* GPT-2 with ``reorder_and_upcast_attn=True`` (an entry of ``ARCHS``), and its mechanism reduced:
+  transformers' ``maybe_autocast(device, enabled=False)`` must opt out of a region as it opts out
+  of native autocast, which needs ``torch.is_autocast_enabled(device)`` to be True in the region.
+* ``policy="hpu"``, bfloat16: a training step runs and its loss and gradients are finite.
+
+Skipped where the ``models`` extra (``transformers``) is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from _parity import differences  # noqa: E402
+from _real_models import ARCHS, pair, tensors  # noqa: E402
+from hpu_autocast import HpuAutocastMode  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _train_step(model: torch.nn.Module, inputs: dict, region):
+    """Forward and the model's own loss inside ``region``, backward outside it. Returns the
+    output tensors with the buffers after the step (BatchNorm's running statistics), and the
+    gradients by parameter name."""
+    model.train()
+    with region:
+        out = model(**inputs)
+    out.loss.backward()
+    buffers = {f"buffer {n}": b for n, b in model.named_buffers()}
+    return {**tensors(out), **buffers}, {n: p.grad for n, p in model.named_parameters()}
+
+
+def _differences(ours: dict, ref: dict) -> list:
+    """What differs between two ``{name: tensor or None}`` dicts, bit for bit, one short line
+    per name (``differences`` prints whole tensors; these name the field and how far apart)."""
+    out = []
+    for name, a in ours.items():
+        b = ref[name]
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                out.append(f"{name}: {'None' if a is None else 'a tensor'} != {'None' if b is None else 'a tensor'}")
+        elif a.dtype != b.dtype or a.shape != b.shape:
+            out.append(f"{name}: {a.dtype}{list(a.shape)} != {b.dtype}{list(b.shape)}")
+        elif differences(a, b):
+            diff = a.double() - b.double()
+            out.append(f"{name}: {int((diff != 0).sum())} of {a.numel()} {a.dtype} values differ, "
+                       f"max |diff| {diff.abs().max().item():.3g}")
+    return out
+
+
+def _assert_train_steps_equal(a, b):
+    (out, grads), (ref, ref_grads) = a, b
+    bad = _differences(out, ref)
+    assert not bad, "outputs differ: " + "; ".join(bad)
+    bad = _differences(grads, ref_grads)
+    assert not bad, f"{len(bad)} of {len(grads)} gradients differ: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_training_step_matches_native(name, dtype):
+    ours, native, inputs = pair(name)
+    a = _train_step(ours, inputs, HpuAutocastMode(dtype, policy="torch-cpu"))
+    b = _train_step(native, inputs, torch.autocast("cpu", dtype=dtype))
+    _assert_train_steps_equal(a, b)
+
+
+def test_native_autocast_changes_every_model():
+    # The comparisons above have teeth: for every architecture, native autocast's step differs
+    # from the float32 step in the loss and in most gradients, so a region that cast nothing,
+    # or cast the wrong ops, would not match it.
+    for name in ARCHS:
+        native, plain, inputs = pair(name)
+        (out, grads), (ref, ref_grads) = (_train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16)),
+                                          _train_step(plain, inputs, contextlib.nullcontext()))
+        assert differences(out["loss"], ref["loss"]), name
+        assert len(_differences(grads, ref_grads)) > len(grads) // 2, name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_eval_forward_matches_native(name, dtype):
+    ours, native, inputs = pair(name)
+    ours.eval(), native.eval()
+    with torch.no_grad():
+        with HpuAutocastMode(dtype, policy="torch-cpu"):
+            out = tensors(ours(**inputs))
+        with torch.autocast("cpu", dtype=dtype):
+            ref = tensors(native(**inputs))
+    bad = _differences(out, ref)
+    assert not bad, "outputs differ: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_activation_checkpointing_matches_native(reentrant, dtype):
+    # torch.utils.checkpoint records the autocast state at the forward and recomputes under it
+    # in backward, which runs outside the region. Non-reentrant checkpointing also checks that
+    # the recomputed tensors have the forward's metadata (dtype included).
+    ours, native, inputs = pair("gpt2")
+    for model in (ours, native):
+        # `gradient_checkpointing_enable` is its deprecated alias in transformers 5.
+        model.activation_checkpointing_enable({"use_reentrant": reentrant})
+    a = _train_step(ours, inputs, HpuAutocastMode(dtype, policy="torch-cpu"))
+    b = _train_step(native, inputs, torch.autocast("cpu", dtype=dtype))
+    _assert_train_steps_equal(a, b)
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_activation_checkpointing_is_on(reentrant):
+    # The test above checkpoints for real: GPT-2's blocks call the checkpoint function.
+    calls = []
+    model, _, inputs = pair("gpt2")
+    model.activation_checkpointing_enable({"use_reentrant": reentrant})
+    for block in model.transformer.h:
+        f = block._gradient_checkpointing_func
+        block._gradient_checkpointing_func = lambda *a, f=f, **k: calls.append(1) or f(*a, **k)
+    _train_step(model, inputs, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert len(calls) == len(model.transformer.h)
+
+
+def test_activation_checkpointing_with_context_fn_matches_native():
+    # The workaround hpu_autocast.checkpoint documents for torch's own checkpoint (non-reentrant
+    # only: reentrant checkpointing takes no context_fn), passed through transformers' kwargs.
+    from hpu_autocast.checkpoint import context_fn
+
+    ours, native, inputs = pair("gpt2")
+    ours.activation_checkpointing_enable({"use_reentrant": False, "context_fn": context_fn})
+    native.activation_checkpointing_enable({"use_reentrant": False})
+    a = _train_step(ours, inputs, HpuAutocastMode(torch.bfloat16, policy="torch-cpu"))
+    b = _train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16))
+    _assert_train_steps_equal(a, b)
+
+
+@pytest.mark.parametrize("policy", ["torch-cpu", "hpu"])
+def test_maybe_autocast_opt_out_runs_in_float32(policy):
+    # What GPT-2's _upcast_and_reordered_attn does, reduced: transformers' `maybe_autocast`
+    # returns `torch.autocast(device, enabled=False)` only while `torch.is_autocast_enabled(device)`
+    # is True (else a nullcontext), and the GEMM under it must then run as outside any region:
+    # in float32, on the float32 inputs. Native autocast does both; a region of any policy must too.
+    from transformers.utils.generic import maybe_autocast
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, 8, 8, generator=g), torch.randn(4, 8, 8, generator=g)
+
+    def scores():
+        with maybe_autocast("cpu", enabled=False):
+            return torch.baddbmm(torch.empty(4, 8, 8), q, k, beta=0, alpha=0.25)
+
+    with HpuAutocastMode(torch.bfloat16, policy=policy):
+        ours = scores()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        native = scores()
+    plain = scores()
+    assert native.dtype == torch.float32 and not differences(native, plain)  # the oracle opts out
+    assert not differences(ours, plain), differences(ours, plain)
+
+
+@pytest.mark.parametrize("name", [n for n in ARCHS if n != "gpt2_upcast"])
+def test_hpu_policy_trains(name):
+    # Gaudi's lists have no oracle on CPU: the step runs, changes the logits (so something was
+    # lowered), and gives a finite loss and a finite gradient for every parameter that gets one
+    # in float32.
+    model, plain, inputs = pair(name)
+    out, grads = _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu"))
+    plain_out, plain_grads = _train_step(plain, inputs, contextlib.nullcontext())
+    assert differences(out["logits"], plain_out["logits"])
+    assert torch.isfinite(out["loss"]).all(), out["loss"]
+    assert {n for n, g in grads.items() if g is not None} == {n for n, g in plain_grads.items() if g is not None}
+    bad = [n for n, g in grads.items() if g is not None and not torch.isfinite(g).all()]
+    assert not bad, f"non-finite gradients: {bad}"
+
+
+def test_hpu_policy_gpt2_upcast_raises_as_on_gaudi():
+    # Not a gap of the engine but of the pairing: Gaudi's lists lower softmax (seed 000, the
+    # `hpu` preset), and GPT-2 calls softmax on the float32 scores *after* its opt-out block has
+    # ended, so under Gaudi's autocast the weights come out bfloat16 and GPT-2 raises. An engine
+    # that honours the opt-out (test_maybe_autocast_opt_out_runs_in_float32[hpu]) still raises.
+    model, _, inputs = pair("gpt2_upcast")
+    with pytest.raises(RuntimeError, match="Error with upcasting"):
+        _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu"))
