@@ -7,8 +7,9 @@ region (the README's example).
 import torch
 import torch.nn.functional as F
 
+from torch.utils.checkpoint import checkpoint
+
 from hpu_autocast import HpuAutocastMode
-from hpu_autocast.checkpoint import checkpoint
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
@@ -19,7 +20,7 @@ x, y = torch.randn(16, 32), torch.randn(16, 8)
 losses = []
 for step in range(20):
     with HpuAutocastMode(torch.float16, policy="torch-cpu"):
-        h = checkpoint(model[:2], x)              # recomputed in backward under the same policy
+        h = checkpoint(model[:2], x, use_reentrant=False)  # recomputed in backward, same policy
         loss = F.mse_loss(model[2](h), y)
     opt.zero_grad()
     scaler.scale(loss).backward()                 # backward outside the region

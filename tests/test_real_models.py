@@ -133,19 +133,6 @@ def test_activation_checkpointing_is_on(reentrant):
     assert len(calls) == len(model.transformer.h)
 
 
-def test_activation_checkpointing_with_context_fn_matches_native():
-    # The workaround hpu_autocast.checkpoint documents for torch's own checkpoint (non-reentrant
-    # only: reentrant checkpointing takes no context_fn), passed through transformers' kwargs.
-    from hpu_autocast.checkpoint import context_fn
-
-    ours, native, inputs = pair("gpt2")
-    ours.activation_checkpointing_enable({"use_reentrant": False, "context_fn": context_fn})
-    native.activation_checkpointing_enable({"use_reentrant": False})
-    a = _train_step(ours, inputs, HpuAutocastMode(torch.bfloat16, policy="torch-cpu"))
-    b = _train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16))
-    _assert_train_steps_equal(a, b)
-
-
 @pytest.mark.parametrize("policy", ["torch-cpu", "hpu"])
 def test_maybe_autocast_opt_out_runs_in_float32(policy):
     # What GPT-2's _upcast_and_reordered_attn does, reduced: transformers' `maybe_autocast`

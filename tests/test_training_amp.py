@@ -228,9 +228,6 @@ def test_readme_training_example_runs_and_matches_native():
     # The control: the same script under native torch.autocast and torch's own checkpoint.
     src = open(path).read()
     src = src.replace('HpuAutocastMode(torch.float16, policy="torch-cpu")', 'torch.autocast("cpu", dtype=torch.float16)')
-    src = src.replace("from hpu_autocast.checkpoint import checkpoint",
-                      "from torch.utils.checkpoint import checkpoint as _ckpt\n"
-                      "checkpoint = lambda f, x: _ckpt(f, x, use_reentrant=False)")
     native: dict = {}
     exec(compile(src, path, "exec"), native)
     assert ours["h"].dtype is torch.float16

@@ -12,7 +12,6 @@ import torch.utils.checkpoint as torch_checkpoint
 
 import hpu_autocast
 from hpu_autocast import HpuAutocastMode
-from hpu_autocast.checkpoint import checkpoint as ckpt, context_fn
 
 
 def region(native: bool, policy: str = "torch-cpu", dtype=torch.bfloat16):
@@ -66,21 +65,34 @@ def _x():
 
 # -- activation checkpointing ----------------------------------------------------------------
 
-def test_torch_checkpoint_alone_recomputes_in_float32_and_fails():
-    # What happens without our wrapper: torch restores torch.autocast's state only, so the
-    # recomputation (backward is outside the region) runs uncast and torch's metadata check fires.
+def test_torch_checkpoint_recomputes_under_the_forwards_region():
+    # torch restores torch.autocast's state only, so before the engine took part the
+    # recomputation (backward is outside the region) ran uncast and torch's metadata check fired:
+    # "CheckpointError: Recomputed values ... have different metadata".
     m, x = Block(), _x()
     with region(False):
         y = torch_checkpoint.checkpoint(m, x, use_reentrant=False)
-    with pytest.raises(torch_checkpoint.CheckpointError, match="different metadata"):
-        y.float().sum().backward()
+    y.float().sum().backward()
+    assert all(p.grad is not None for p in m.parameters())
+
+
+def _selective(f, x):
+    # Selective activation checkpointing: a context_fn of torch's, saving the mm outputs.
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return torch_checkpoint.checkpoint(f, x, use_reentrant=False,
+                                       context_fn=lambda: create_selective_checkpoint_contexts(policy))
 
 
 CKPT = {
-    "checkpoint": lambda f, x: ckpt(f, x),
-    "checkpoint reentrant": lambda f, x: ckpt(f, x, use_reentrant=True),
-    "torch + context_fn": lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False,
-                                                                   context_fn=context_fn),
+    "checkpoint": lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False),
+    "checkpoint reentrant": lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=True),
+    "selective": _selective,
+    "sequential": lambda f, x: torch_checkpoint.checkpoint_sequential(torch.nn.Sequential(f), 1, x,
+                                                                      use_reentrant=False),
 }
 
 
@@ -93,11 +105,11 @@ def test_checkpoint_grads_equal_no_checkpoint(policy, how):
     assert_equal_lists(plain, ckpt)
 
 
-def test_checkpoint_matches_native_checkpoint():
+@pytest.mark.parametrize("how", list(CKPT))
+def test_checkpoint_matches_native_checkpoint(how):
     m, x = Block(), _x()
-    native = grads_of(m, x, list(m.parameters()), ctx=region(True),
-                      wrap=lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False))
-    ours = grads_of(m, x, list(m.parameters()), wrap=CKPT["checkpoint"], ctx=region(False))
+    native = grads_of(m, x, list(m.parameters()), ctx=region(True), wrap=CKPT[how])
+    ours = grads_of(m, x, list(m.parameters()), wrap=CKPT[how], ctx=region(False))
     assert_equal_lists(native, ours)
 
 
@@ -123,7 +135,7 @@ def test_checkpoint_forward_is_observed_once():
     mode = HpuAutocastMode(torch.bfloat16, policy="torch-cpu",
                            observer=lambda event: calls.append(event.name))
     with mode:
-        y = ckpt(m, x)
+        y = torch_checkpoint.checkpoint(m, x, use_reentrant=False)
     n = len(calls)
     y.sum().backward()
     assert n > 0 and len(calls) == n  # the recomputation is not reported again

@@ -7,7 +7,7 @@
     torch.bfloat16
 """
 
-from . import amp, checkpoint, events, hmp, hpu, report
+from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
 from .builder import build_policy, with_lists
 from .events import Event
@@ -32,7 +32,6 @@ __all__ = [
     "amp",
     "build_policy",
     "cast_nodes",
-    "checkpoint",
     "compare",
     "custom_bwd",
     "custom_fwd",

@@ -24,17 +24,18 @@ generator closed late, an exit out of order), so an exit never leaves casting on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from operator import attrgetter
 from contextvars import ContextVar
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch._ops import OpOverload
 
 from . import _compile_guard, _dispatch, _ops
-from ._table import CompiledPolicy, OpRule
+from ._table import CompiledPolicy, OpRule, compile_policy
 from .events import Cast, Event, Level, Outcome
 from .policy import CastPolicy
 from .rules import compute_dtype, has_explicit_dtype
@@ -58,7 +59,7 @@ class Region:
     """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
-                 "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread")
+                 "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
                  enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None) -> None:
@@ -78,6 +79,8 @@ class Region:
         self.closed = False
         self.switch: Optional[_dispatch.ThreadSwitch] = None
         self.thread = 0
+        #: Whether torch's own autocast for ``device_type`` was on at the entry (it is suspended).
+        self.native_was_on = False
 
 
 class Frame:
@@ -167,13 +170,31 @@ def _keys() -> _dispatch.Keys:
     return _dispatch.keys(_make_kernel, _make_fallback)
 
 
+#: (on open, on close) pairs run around every region (``_torch_autocast`` installs its patches
+#: of torch's autocast functions through this while any region is open).
+REGION_HOOKS: List[Tuple[Callable[[], None], Callable[[], None]]] = []
+
+_native_is_enabled = torch._C.is_autocast_enabled
+_native_set_enabled = torch._C.set_autocast_enabled
+
+
 def enter(region: Region) -> None:
-    """Open ``region`` in the calling context: it becomes the innermost frame."""
+    """Open ``region`` in the calling context: it becomes the innermost frame.
+
+    A region with a policy owns autocast for its device type while it is open: torch's own
+    autocast for that device, if on (an enclosing ``torch.autocast``), is suspended, so the
+    innermost decides, and it is restored at the exit."""
+    for opened, _ in REGION_HOOKS:
+        opened()
     k = _keys()
     compiled = region.compiled
-    if compiled is not None and region.enabled and not compiled.registered:
-        k.register(compiled.rules)
-        compiled.registered = True
+    if compiled is not None and region.enabled:
+        if not compiled.registered:
+            k.register(compiled.rules)
+            compiled.registered = True
+        native = compiled.native_ops()
+        if native:
+            k.register(native)
     if region.observes:
         k.prepare_fallback()
     parent = innermost()
@@ -187,7 +208,15 @@ def enter(region: Region) -> None:
     if region.observes:
         switch.all += 1
     switch.sync(k)
+    if region.compiled is not None and _native_autocast_device(region.device_type):
+        region.native_was_on = _native_is_enabled(region.device_type)
+        if region.native_was_on:
+            _native_set_enabled(region.device_type, False)
     _set_frame(Frame(region, parent, region.enabled, region.dtype))
+
+
+def _native_autocast_device(device_type: str) -> bool:
+    return device_type != "meta"  # torch.autocast has no meta device
 
 
 def exit(region: Region) -> None:
@@ -195,6 +224,14 @@ def exit(region: Region) -> None:
     of closed regions are skipped); from another thread, it is closed and ``RuntimeError`` says so."""
     if region.closed:
         raise RuntimeError("this region was already exited")
+    try:
+        _close(region)
+    finally:
+        for _, closed in REGION_HOOKS:
+            closed()
+
+
+def _close(region: Region) -> None:
     region.closed = True
     switch = region.switch
     switch.ops -= 1
@@ -209,9 +246,41 @@ def exit(region: Region) -> None:
             f"({here}); it is closed now, but regions are per thread, like torch.autocast: exit a region "
             "in the thread that entered it")
     switch.sync(_keys())
+    if region.native_was_on:
+        _native_set_enabled(region.device_type, True)
     frame = _get_frame()
     if frame is not None and frame.region is region:
         _set_frame(_open(frame.parent))
+
+
+@contextlib.contextmanager
+def entered(state: State) -> Iterator[None]:
+    """A region reproducing ``state`` (a policy's, or off) for the body: what a recomputation
+    in backward runs in (``torch.utils.checkpoint``; see ``_torch_autocast``)."""
+    if state.enabled:
+        region = Region(compile_policy(state.policy), state.dtype, state.device_type, True, state.cache_enabled)
+    else:
+        frame = innermost()
+        region = Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
+    enter(region)
+    try:
+        yield
+    finally:
+        exit(region)
+
+
+@contextlib.contextmanager
+def keys_excluded() -> Iterator[None]:
+    """The body runs as if no region were open in this thread (the engine's keys excluded)."""
+    k = _keys()
+    before = _is_excluded(k.ops), _is_excluded(k.all)
+    _set_excluded(k.ops, True)
+    _set_excluded(k.all, True)
+    try:
+        yield
+    finally:
+        _set_excluded(k.ops, before[0])
+        _set_excluded(k.all, before[1])
 
 
 def replace_innermost(enabled: bool, dtype: torch.dtype) -> None:
@@ -348,6 +417,8 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
     Note: the hot path of a policy op (one pass over the inputs for LOWER and FP32, which need no
     dtypes to decide; PROMOTE and FIRST look at the dtypes first)."""
     region = frame.region
+    if rule.native is not None:
+        return _to_native(frame, rule, op, args, kwargs)
     if rule.takes_dtype and has_explicit_dtype(args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
     on_device = region.on_device
@@ -441,6 +512,33 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
             if all_on:
                 _set_excluded(k.all, False)
 
+
+def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict):
+    """Leave the call to native autocast's kernel for the op (``Policy.native``): its key is
+    switched on for this one call, with the region's dtype, and the engine's keys off."""
+    k = _dispatch._keys
+    native, device = rule.native, frame.region.device_type
+    before = _is_excluded(k.ops), _is_excluded(k.all), _is_excluded(native), _native_get_dtype(device)
+    _set_excluded(k.ops, True)
+    _set_excluded(k.all, True)
+    _set_excluded(native, False)
+    _native_set_dtype(device, frame.dtype)
+    try:
+        out = op._op(*args, **kwargs)
+    finally:
+        _set_excluded(k.ops, before[0])
+        _set_excluded(k.all, before[1])
+        _set_excluded(native, before[2])
+        _native_set_dtype(device, before[3])
+    observer = frame.region.observer
+    if observer is not None:
+        _notify(observer, Event(op, Level.KERNEL, Outcome.NATIVE, None, None, None, _dtypes(args, kwargs),
+                                _first_floating(out), (), args, kwargs))
+    return out
+
+
+_native_get_dtype = torch._C.get_autocast_dtype
+_native_set_dtype = torch._C.set_autocast_dtype
 
 _CAST = {torch.bfloat16: _Tensor.bfloat16, torch.float16: _Tensor.half, torch.float32: _Tensor.float}
 

@@ -108,10 +108,18 @@ def qualified_name(op: OpOverload) -> str:
     return str(op)
 
 
-def overload_named(qualified: str) -> OpOverload:
-    """The overload ``qualified_name`` spells: ``"aten.addmm.default"`` -> ``aten.addmm.default``."""
-    namespace, packet, overload = qualified.split(".")
-    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+def overload_named(qualified: str) -> Optional[OpOverload]:
+    """The overload a qualified name spells, Python's ``"aten.addmm.default"`` or the
+    dispatcher's ``"aten::addmm"`` / ``"aten::addmm.out"``; ``None`` if there is none."""
+    if "::" in qualified:
+        namespace, _, rest = qualified.partition("::")
+        packet, _, overload = rest.partition(".")
+    else:
+        namespace, packet, overload = qualified.split(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def find_packet(namespace: str, name: str) -> Optional[OpOverloadPacket]:

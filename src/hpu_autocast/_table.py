@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Dict, Optional
 
+import torch
 from torch._ops import OpOverload
 
 from . import _ops
@@ -22,10 +23,10 @@ class OpRule:
     """How one overload is handled."""
 
     __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "banned",
-                 "arg_names", "takes_dtype", "default")
+                 "arg_names", "takes_dtype", "default", "native")
 
-    def __init__(self, op: OpOverload, action: CastPolicy, input_only: bool = False,
-                 banned: Optional[str] = None, default: Optional[str] = None) -> None:
+    def __init__(self, op: OpOverload, action: Optional[CastPolicy], input_only: bool = False,
+                 banned: Optional[str] = None, default: Optional[str] = None, native=None) -> None:
         self.op = op
         self.name = str(op)
         self.action = action
@@ -40,6 +41,9 @@ class OpRule:
         #: Which of the policy's defaults for ops on no list made this rule (HMP): ``"unlisted"``
         #: (functional ops) or ``"in-place"``; ``None`` for a rule of the table.
         self.default = default
+        #: The native autocast key this op is left to (``Policy.native``; its action is then
+        #: ``None``): the kernel registered there casts as it was registered to.
+        self.native = native
 
     def casts_input_only(self, device_type: str) -> bool:
         """Whether a call on ``device_type`` casts its first tensor alone (weight and bias keep
@@ -55,7 +59,7 @@ class OpRule:
 class CompiledPolicy:
     """A policy's rules, keyed by overload, plus its defaults for ops on no list."""
 
-    __slots__ = ("policy", "rules", "by_id", "has_defaults", "_defaults", "key", "registered")
+    __slots__ = ("policy", "rules", "by_id", "has_defaults", "_defaults", "key", "registered", "_native_epoch")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -75,6 +79,33 @@ class CompiledPolicy:
         self.key = f"{policy.name}#{hash(policy) & 0xFFFFFFFF:08x}"
         #: Whether the engine's kernels for these rules are registered (done at the first region).
         self.registered = False
+        self._native_epoch = None
+
+    def native_ops(self) -> list:
+        """Rules for the custom ops ``Policy.native``'s key has kernels for (given there by
+        ``torch.library.register_autocast``) that the table does not name, added since the last
+        call; ``[]`` when nothing was registered since. aten ops are the table's alone: one a
+        user took off a native policy's lists stays off. The dispatcher is asked again only when
+        torch.library's record of Python registrations changed size (asking costs ~0.2 ms)."""
+        key = self.policy.native
+        if key is None:
+            return []
+        impls = getattr(torch.library, "_impls", None)
+        epoch = len(impls) if impls is not None else 0
+        if epoch == self._native_epoch:
+            return []
+        self._native_epoch = epoch
+        added = []
+        for name in torch._C._dispatch_get_registrations_for_dispatch_key(key):
+            if name.startswith("aten::"):
+                continue
+            op = _ops.overload_named(name)
+            if op is None or id(op) in self.by_id:
+                continue
+            rule = OpRule(op, None, native=getattr(torch._C.DispatchKey, key))
+            self.rules[op] = self.by_id[id(op)] = rule
+            added.append(op)
+        return added
 
     def default_rule(self, op: OpOverload) -> Optional[OpRule]:
         """The rule for an op on no list under the policy's ``unlisted``/``inplace`` defaults

@@ -1,6 +1,6 @@
 """Training helpers in the shape of ``torch.amp``: ``custom_fwd`` / ``custom_bwd`` for custom
-autograd functions, and the snapshot of a thread's casting state they (and
-``hpu_autocast.checkpoint``) use to run code later "in the state the forward ran in".
+autograd functions, and the snapshot of a context's casting state they use to run code later
+"in the state the forward ran in".
 
 Loss scaling needs nothing of ours: ``torch.amp.GradScaler`` works on the gradients, whatever
 made them, so ``GradScaler("cpu")`` / ``("cuda")`` / ``("hpu")`` is used unchanged (see
@@ -12,7 +12,10 @@ made them, so ``GradScaler("cpu")`` / ``("cuda")`` / ``("hpu")`` is used unchang
 ``with`` block, or on an autograd worker thread). Ours records the innermost enabled region's
 policy, dtype and cache setting (or "off") and re-enters a public ``HpuAutocastMode`` with them.
 The observer is *not* carried over: a decision log or report describes the forward pass,
-and backward/recomputation would count its ops twice.
+and backward/recomputation would count its ops twice. (``torch.amp.custom_bwd`` works inside a
+region too, but re-enters *native* ``torch.autocast`` in backward, with torch's own lists: the
+same as ours under ``torch-cpu``/``torch-cuda``, not under Gaudi's. These decorators re-enter
+the region's policy.)
 """
 
 from __future__ import annotations

@@ -216,7 +216,8 @@ def build_policy(
     applies names as Gaudi's bridge does (Note: what Gaudi's bridge applies); the names it
     lets go of are warned about once each unless ``warn_ignored`` is false (the ``hpu``
     preset's own lists). ``tolerate_missing``, ``registered`` and ``keep_composites`` are the
-    presets' version rules (see ``_Rules``).
+    presets' version rules (see ``_Rules``); a policy built from what ``registered`` registers
+    reproduces that native autocast, so it is also ``Policy.native``.
     """
     rules = _Rules(tolerate_missing, registered, keep_composites, c_names_only)
     skipped = _Skipped()
@@ -231,7 +232,7 @@ def build_policy(
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
                   missing=tuple(dict.fromkeys(skipped.missing)), unlisted=unlisted, inplace=inplace,
                   promoted=frozenset(pro), device_type=device_type, c_names_only=c_names_only,
-                  ignored=_record_ignored(skipped, name, warn_ignored))
+                  ignored=_record_ignored(skipped, name, warn_ignored), native=registered)
 
 
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,

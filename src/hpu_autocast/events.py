@@ -44,6 +44,9 @@ class Outcome(enum.Enum):
     INELIGIBLE = "ineligible"
     #: No rule: the op ran as its inputs are (reported to observing regions only).
     UNLISTED = "unlisted"
+    #: Left to native autocast's kernel for the op (``Policy.native``: a custom op registered
+    #: with ``torch.library.register_autocast``), which cast as it was registered to.
+    NATIVE = "native"
 
     def __str__(self) -> str:
         return self.value

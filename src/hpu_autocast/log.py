@@ -30,6 +30,8 @@ def decision(event: Event) -> str:
         return "not listed"
     if event.outcome is Outcome.INELIGIBLE:
         return f"ineligible: {event.reason}"
+    if event.outcome is Outcome.NATIVE:
+        return "native"
     return f"{event.action} ({event.default})" if event.default else str(event.action)
 
 

@@ -101,6 +101,10 @@ class Policy:
     #: (torch-cuda), "xpu" (xpu); ``None`` means the device the package runs on, which the
     #: mode resolves (hpu, hmp, hmp-O2).
     device_type: Optional[str] = None
+    #: The native autocast dispatch key whose registrations this policy reproduces
+    #: (``"AutocastCPU"`` for torch-cpu): an op registered there that the table does not name
+    #: (a custom op of ``torch.library.register_autocast``) is left to that kernel.
+    native: Optional[str] = None
     #: Apply only list names that are C++ function names of functional ops, as Gaudi's bridge
     #: does (the ``hpu`` preset); ``with_lists`` keeps this for the lists it is given.
     c_names_only: bool = False

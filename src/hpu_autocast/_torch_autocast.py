@@ -1,0 +1,231 @@
+"""Code written for ``torch.autocast`` inside a region: what it asks torch, and what it turns off.
+
+[Note: a region is torch's autocast for its device]
+Code in the wild talks to autocast through torch's functions: it asks whether autocast is on
+(``torch.is_autocast_enabled(device)``, ``torch._C._is_any_autocast_enabled()``) and takes an
+autocast-only path, it turns autocast off for a numerically sensitive block
+(``with torch.autocast(device, enabled=False)``, which sets and restores the state through
+``torch.set_autocast_enabled`` and ``torch.set_autocast_dtype``), and ``torch.utils.checkpoint``
+records that state at the forward to recompute under it. Inside a region, all of this concerns
+the region: for the region's device type, the state functions read and write the calling
+context's innermost frame (on/off and dtype), so a nested ``torch.autocast(device,
+enabled=False)`` turns the region's casting off for its body and its exit turns it back on. For
+other device types, and outside regions, they are torch's own.
+
+torch offers no extension point for this: the state functions are C builtins that no torch
+function mode sees, and native autocast's state *is* its dispatch key's exclusion, which would
+also switch native casting on. So the package patches them (the last resort of the project's
+rules), and only while a region is open anywhere in the process: the first region to open
+installs the patches, the last to close restores torch's own objects, checked to be the ones
+it replaced. The patched functions are thread-safe (they read the calling context's frame and
+otherwise call torch's function unchanged), so a thread or task with no region sees torch's
+own answers. ``tests/test_torch_autocast.py`` pins what is patched on the torch being run.
+
+Checkpointing: ``torch.utils.checkpoint`` recomputes in backward, after the region has exited,
+under ``torch.autocast`` contexts rebuilt from the recorded state, which know nothing of the
+region's policy. So a checkpoint started inside a region runs its recomputation inside a new
+region with the state the forward ran in (policy, dtype, device, cache; or off): the two module
+functions ``checkpoint`` calls (``_checkpoint_without_reentrant_generator`` and
+``CheckpointFunction``) are wrapped while regions are open. The recomputation's region comes
+into force inside torch's autocast contexts and, as any region, suspends native autocast for its
+device, so the recomputed ops see the forward's casts and the saved metadata matches.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.utils.checkpoint as _checkpoint
+
+from . import _engine
+
+__all__ = ["PATCHED"]
+
+_real: Dict[str, Callable] = {}
+
+
+def _frame_for(device: Optional[str]) -> Optional[_engine.Frame]:
+    """The calling context's innermost frame if it owns autocast for ``device``: a region with a
+    policy (a disabled one, ``disable_casts``, owns nothing) whose device type it is."""
+    frame = _engine.innermost()
+    if frame is None or frame.region.compiled is None or frame.region.device_type != (device or "cuda"):
+        return None
+    return frame
+
+
+def _device_of(args: tuple, kwargs: dict, n_without: int) -> Tuple[Optional[str], tuple]:
+    """Split torch's two spellings: ``f(device_type, *rest)`` and the older ``f(*rest)`` (CUDA)."""
+    if "device_type" in kwargs:
+        kwargs = dict(kwargs)
+        return kwargs.pop("device_type"), args + tuple(kwargs.values())
+    if len(args) > n_without and isinstance(args[0], str):
+        return args[0], args[1:]
+    return None, args + tuple(kwargs.values())
+
+
+def is_autocast_enabled(*args, **kwargs) -> bool:
+    device, _ = _device_of(args, kwargs, 0)
+    frame = _frame_for(device)
+    return frame.enabled if frame is not None else _real["is_autocast_enabled"](*args, **kwargs)
+
+
+def get_autocast_dtype(*args, **kwargs) -> torch.dtype:
+    device, _ = _device_of(args, kwargs, 0)
+    frame = _frame_for(device)
+    return frame.dtype if frame is not None else _real["get_autocast_dtype"](*args, **kwargs)
+
+
+def set_autocast_enabled(*args, **kwargs) -> None:
+    device, rest = _device_of(args, kwargs, 1)
+    frame = _frame_for(device)
+    if frame is None:
+        return _real["set_autocast_enabled"](*args, **kwargs)
+    _engine.replace_innermost(bool(rest[0]), frame.dtype)
+
+
+def set_autocast_dtype(*args, **kwargs) -> None:
+    device, rest = _device_of(args, kwargs, 1)
+    frame = _frame_for(device)
+    if frame is None:
+        return _real["set_autocast_dtype"](*args, **kwargs)
+    dtype = rest[0]
+    policy = frame.region.compiled.policy
+    if dtype not in policy.dtypes:
+        # As torch.autocast disables itself for a dtype its device does not support, with a warning.
+        warnings.warn(f"hpu_autocast: torch.autocast asked for {dtype} inside a region of policy "
+                      f"{policy.name!r}, which supports {', '.join(map(str, policy.dtypes))}; the region "
+                      f"keeps {frame.dtype}", UserWarning, stacklevel=3)
+        return
+    _engine.replace_innermost(frame.enabled, dtype)
+
+
+def _legacy(device: str, getter: Optional[str] = None, setter: Optional[str] = None):
+    """The per-device spellings older code uses (``torch.get_autocast_gpu_dtype()``)."""
+    if getter is not None:
+        def get():
+            frame = _frame_for(device)
+            if frame is None:
+                return _real[getter]()
+            return frame.enabled if getter.startswith("is_") else frame.dtype
+        get.__name__ = getter
+        return get
+
+    def set_(value):
+        frame = _frame_for(device)
+        if frame is None:
+            return _real[setter](value)
+        if setter.startswith("set_autocast_") and setter.endswith("_enabled"):
+            _engine.replace_innermost(bool(value), frame.dtype)
+        else:
+            set_autocast_dtype(device, value)
+    set_.__name__ = setter
+    return set_
+
+
+def _is_any_autocast_enabled() -> bool:
+    # The engine's own keys are autocast keys, and torch counts them: ask with them excluded,
+    # then add the region's own state.
+    frame = _engine.innermost()
+    if frame is not None and frame.region.compiled is not None and frame.enabled:
+        return True
+    with _engine.keys_excluded():
+        return _real["_is_any_autocast_enabled"]()
+
+
+# -- checkpointing -----------------------------------------------------------------------------
+def _recompute_in_region(fn: Callable, state: _engine.State) -> Callable:
+    def recompute(*args, **kwargs):
+        with _engine.entered(state):
+            return fn(*args, **kwargs)
+
+    return recompute
+
+
+def _checkpoint_without_reentrant_generator(fn, *args, **kwargs):
+    # `checkpoint` calls the forward itself and hands `fn` to this generator for the
+    # recomputation only.
+    state = _engine.current()
+    if _engine.innermost() is not None:
+        fn = _recompute_in_region(fn, state)
+    return _real["_checkpoint_without_reentrant_generator"](fn, *args, **kwargs)
+
+
+class _CheckpointFunction:
+    """``CheckpointFunction`` whose ``apply`` runs the function's later calls (the recomputation)
+    in a region with the forward's state; the first call is the forward, in the caller's region."""
+
+    @staticmethod
+    def apply(function, preserve_rng_state, *args):
+        original = _real["CheckpointFunction"]
+        if _engine.innermost() is None:
+            return original.apply(function, preserve_rng_state, *args)
+        state = _engine.current()
+        recompute = _recompute_in_region(function, state)
+        calls = []
+
+        def run(*a, **kw):
+            if not calls:
+                calls.append(1)
+                return function(*a, **kw)
+            return recompute(*a, **kw)
+
+        return original.apply(run, preserve_rng_state, *args)
+
+    def __getattr__(self, name):  # everything else is torch's class
+        return getattr(_real["CheckpointFunction"], name)
+
+
+# -- installing --------------------------------------------------------------------------------
+#: (object, attribute, replacement): what is patched while a region is open.
+PATCHED: List[Tuple[object, str, object]] = [
+    (torch, "is_autocast_enabled", is_autocast_enabled),
+    (torch, "get_autocast_dtype", get_autocast_dtype),
+    (torch, "set_autocast_enabled", set_autocast_enabled),
+    (torch, "set_autocast_dtype", set_autocast_dtype),
+    (torch._C, "_is_any_autocast_enabled", _is_any_autocast_enabled),
+    (_checkpoint, "_checkpoint_without_reentrant_generator", _checkpoint_without_reentrant_generator),
+    (_checkpoint, "CheckpointFunction", _CheckpointFunction()),
+]
+for _device, _get, _set in (("cpu", "is_autocast_cpu_enabled", "set_autocast_cpu_enabled"),
+                            ("cpu", "get_autocast_cpu_dtype", "set_autocast_cpu_dtype"),
+                            ("cuda", "get_autocast_gpu_dtype", "set_autocast_gpu_dtype")):
+    if hasattr(torch, _get):
+        PATCHED.append((torch, _get, _legacy(_device, getter=_get)))
+    if hasattr(torch, _set):
+        PATCHED.append((torch, _set, _legacy(_device, setter=_set)))
+PATCHED = [(owner, name, new) for owner, name, new in PATCHED if hasattr(owner, name)]
+
+_lock = threading.Lock()
+_open = 0
+
+
+def _acquire() -> None:
+    """A region opens: install the patches if it is the first open in the process."""
+    global _open
+    with _lock:
+        if _open == 0:
+            for owner, name, new in PATCHED:
+                _real[name] = getattr(owner, name)
+                setattr(owner, name, new)
+        _open += 1
+
+
+def _release() -> None:
+    """A region closes: restore torch's own functions if it was the last open."""
+    global _open
+    with _lock:
+        _open -= 1
+        if _open:
+            return
+        for owner, name, new in PATCHED:
+            if getattr(owner, name) is new:
+                setattr(owner, name, _real[name])
+            else:  # someone else replaced ours meanwhile: theirs stays, and it calls ours
+                warnings.warn(f"hpu_autocast: {getattr(owner, '__name__', owner)}.{name} was replaced while a "
+                              "region was open; leaving the replacement in place", RuntimeWarning, stacklevel=3)
+
+
+_engine.REGION_HOOKS.append((_acquire, _release))
