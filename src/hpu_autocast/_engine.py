@@ -59,7 +59,8 @@ class Region:
     """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
-                 "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on")
+                 "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
+                 "eager")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
                  enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None) -> None:
@@ -81,6 +82,8 @@ class Region:
         self.thread = 0
         #: Whether torch's own autocast for ``device_type`` was on at the entry (it is suspended).
         self.native_was_on = False
+        #: Whether this region holds compiled code to eager (it observes; see _compile_guard).
+        self.eager = False
 
 
 class Frame:
@@ -208,6 +211,8 @@ def enter(region: Region) -> None:
     if region.observes:
         switch.all += 1
     switch.sync(k)
+    if region.observer is not None:
+        region.eager = _compile_guard.observing_opened()
     if region.compiled is not None and _native_autocast_device(region.device_type):
         region.native_was_on = _native_is_enabled(region.device_type)
         if region.native_was_on:
@@ -239,6 +244,7 @@ def _close(region: Region) -> None:
         switch.all -= 1
     if region.owns_cache:
         region.cache.clear()
+    _compile_guard.observing_closed(region.eager)
     here = threading.get_ident()
     if region.thread != here:
         raise RuntimeError(
@@ -316,11 +322,11 @@ def _make_kernel(op: OpOverload) -> Callable:
     op_id = id(op)  # rules are keyed by id: an OpOverload's own hash is a Python method
 
     def kernel(*args, **kwargs):
-        if _compile_guard.tracing():
-            _compile_guard.install()
         frame = _get_frame()
         if frame is None or frame.region.closed:
             frame = innermost()
+        if _compile_guard.tracing():
+            _compile_guard.install()
         if frame is not None:
             rule = frame.rules.get(op_id)
             if rule is not None:

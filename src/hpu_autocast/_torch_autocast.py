@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.utils.checkpoint as _checkpoint
 
-from . import _engine
+from . import _compile_guard, _engine
 
 __all__ = ["PATCHED"]
 
@@ -50,6 +50,10 @@ _real: Dict[str, Callable] = {}
 def _frame_for(device: Optional[str]) -> Optional[_engine.Frame]:
     """The calling context's innermost frame if it owns autocast for ``device``: a region with a
     policy (a disabled one, ``disable_casts``, owns nothing) whose device type it is."""
+    if _compile_guard.tracing():
+        # Dynamo runs the getters below as constants (see _constant_for_dynamo): the frame it
+        # compiles depends on the region's state, so it is guarded on it.
+        _compile_guard.install()
     frame = _engine.innermost()
     if frame is None or frame.region.compiled is None or frame.region.device_type != (device or "cuda"):
         return None
@@ -111,7 +115,7 @@ def _legacy(device: str, getter: Optional[str] = None, setter: Optional[str] = N
                 return _real[getter]()
             return frame.enabled if getter.startswith("is_") else frame.dtype
         get.__name__ = getter
-        return get
+        return _constant_for_dynamo(get)
 
     def set_(value):
         frame = _frame_for(device)
@@ -176,6 +180,19 @@ class _CheckpointFunction:
 
     def __getattr__(self, name):  # everything else is torch's class
         return getattr(_real["CheckpointFunction"], name)
+
+
+def _constant_for_dynamo(fn: Callable) -> Callable:
+    """Mark a getter as ``torch._dynamo.assume_constant_result`` does (the same attribute, set
+    without importing Dynamo): torch.compile then calls it while tracing and uses its answer as a
+    constant, as it does for torch's own getters, instead of tracing into the context variable
+    the answer comes from (which breaks the graph). The call installs the region guard."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+for _getter in (is_autocast_enabled, get_autocast_dtype, _is_any_autocast_enabled):
+    _constant_for_dynamo(_getter)
 
 
 # -- installing --------------------------------------------------------------------------------

@@ -74,6 +74,13 @@ class Row:
 class _FlopCounter(TorchDispatchMode):
     """Sums ``flop_registry``'s formulas over the ATen calls it sees (run on meta tensors)."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # No torch._dynamo.disable wrapper around the handler (it imports Dynamo, seconds, at the
+        # first call): it runs inside an observer, and observing regions run compiled code
+        # eagerly (_compile_guard), so Dynamo never traces it.
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.total = 0

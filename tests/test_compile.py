@@ -1,0 +1,202 @@
+"""torch.compile inside a region: the graph holds the policy's casts, gives the eager values, is
+reused while the region's state is the same, and traced again when it is not.
+
+A backend that records the AOT forward graph and counts compilations stands in for the real ones
+(``aot_eager`` semantics: the graph runs ATen op by op, so values compare bit for bit); inductor
+is run once for the backend pass-through.
+"""
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hpu_autocast import HpuAutocastMode, disable_casts
+
+_CAST = torch.ops.aten._to_copy.default
+
+
+class Recording:
+    """A torch.compile backend: AOT-traces the graph, keeps each forward graph, counts calls."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def keep(graph, _):
+            self.graphs.append(graph)
+            return graph
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=lambda g, _: g)
+
+    def casts(self, i=-1):
+        """The dtypes the i-th forward graph casts to, in order."""
+        return [n.kwargs.get("dtype") for n in self.graphs[i].graph.nodes if n.target is _CAST]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # Every test compiles nn.Sequential.forward anew; Dynamo's caches are per code object, and a
+    # test's graphs would count towards the next test's recompile limit.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+
+
+def test_a_compiled_function_inside_a_region_holds_the_casts_and_compiles_once():
+    model, x = _model(), torch.randn(4, 8)
+    backend = Recording()
+    compiled = torch.compile(lambda x: model(x).softmax(-1), backend=backend, fullgraph=True)
+    with HpuAutocastMode(policy="torch-cpu"):
+        eager = model(x).softmax(-1)
+        first, second = compiled(x), compiled(x)
+    assert len(backend.graphs) == 1  # the second call reused the graph
+    # torch-cpu lists linear (not gelu, layer_norm, softmax): the first casts input, weight and
+    # bias to bfloat16, the second its weight and bias (its input comes out of layer_norm in
+    # bfloat16 already).
+    assert backend.casts() == [torch.bfloat16] * 5
+    assert first.dtype == torch.bfloat16 and torch.equal(first, eager) and torch.equal(second, eager)
+
+
+def test_a_compiled_training_step_matches_eager_under_the_mode():
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+
+    def step(model, fn):
+        with HpuAutocastMode(policy="hpu"):
+            loss = F.cross_entropy(fn(x), y)
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in model.parameters()]
+
+    eager_model, compiled_model = _model(), _model()
+    eager = step(eager_model, eager_model)
+    ours = step(compiled_model, torch.compile(compiled_model, backend="aot_eager", fullgraph=True))
+    for a, b in zip(eager, ours):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("change", ["policy", "dtype", "device", "disabled", "outside"])
+def test_a_new_region_state_traces_again_and_the_old_one_is_reused(change):
+    model, x = _model(), torch.randn(4, 8)
+    backend = Recording()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    other = {
+        "policy": lambda: HpuAutocastMode(policy="hpu"),
+        "dtype": lambda: HpuAutocastMode(torch.float16, policy="torch-cpu"),
+        "device": lambda: HpuAutocastMode(policy="torch-cpu", device_type="meta"),
+        "disabled": lambda: disable_casts(),
+        "outside": _Nothing,
+    }[change]
+    with HpuAutocastMode(policy="torch-cpu"):
+        ref = compiled(x)
+    with other():
+        out = compiled(x)
+        eager = model(x)
+    assert len(backend.graphs) == 2 and out.dtype == eager.dtype and torch.equal(out, eager)
+    with HpuAutocastMode(policy="torch-cpu"):
+        again = compiled(x)
+    assert len(backend.graphs) == 2 and torch.equal(again, ref)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_compiled_outside_then_called_inside_casts():
+    model, x = _model(), torch.randn(4, 8)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    assert compiled(x).dtype == torch.float32
+    with HpuAutocastMode(policy="torch-cpu"):
+        inside, eager = compiled(x), model(x)
+    assert inside.dtype == torch.bfloat16 and torch.equal(inside, eager)
+    assert compiled(x).dtype == torch.float32
+
+
+def test_autocast_guards_and_opt_outs_inside_compiled_code():
+    # What transformers' models do under torch.compile: ask torch whether autocast is on, and
+    # turn it off for a block. fullgraph: neither breaks the graph.
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+
+    def f(a, b):
+        scale = 2.0 if torch.is_autocast_enabled("cpu") else 1.0
+        with torch.autocast("cpu", enabled=False):
+            upcast = torch.mm(a, b)
+        return torch.mm(a, b) * scale, upcast
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    with HpuAutocastMode(policy="torch-cpu"):
+        low, high = compiled(a, b)
+        eager_low, eager_high = f(a, b)
+    assert (low.dtype, high.dtype) == (torch.bfloat16, torch.float32)
+    assert torch.equal(low, eager_low) and torch.equal(high, eager_high)
+    assert torch.equal(compiled(a, b)[0], torch.mm(a, b))  # outside: scale 1, float32
+
+
+def test_a_compiled_function_that_enters_a_region_itself():
+    model, x = _model(), torch.randn(4, 8)
+
+    def f(x):
+        with HpuAutocastMode(policy="torch-cpu"):
+            return model(x)
+
+    out = torch.compile(f, backend="aot_eager")(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, f(x))
+
+
+def test_an_observing_region_runs_compiled_code_eagerly_so_it_sees_each_call():
+    # A compiled graph runs without Python: the observer would see the calls traced on fake
+    # tensors and none of the real ones. While such a region is open the stance is force_eager.
+    model, x = _model(), torch.randn(4, 8)
+    backend = Recording()
+    compiled = torch.compile(model, backend=backend)
+    events = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with HpuAutocastMode(policy="torch-cpu", observer=events.append):
+            compiled(x)
+            compiled(x)
+    assert backend.graphs == []
+    assert [e.name for e in events].count("aten.linear.default") == 4
+    with HpuAutocastMode(policy="torch-cpu"):
+        compiled(x)  # the stance was restored: it compiles now
+    assert len(backend.graphs) == 1
+
+
+def test_inductor_compiles_inside_a_region():
+    # The backend passes through: inductor generates code from the graph with the casts in it.
+    # Its fused kernels may round differently from eager op by op, so values to rounding.
+    model, x = _model(), torch.randn(4, 8)
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    with HpuAutocastMode(policy="torch-cpu"):
+        out, eager = compiled(x), model(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, eager, rtol=2e-2, atol=2e-2)
+
+
+def test_the_first_region_does_not_import_dynamo():
+    # Importing torch._dynamo costs seconds; a process that compiles nothing must not pay it.
+    # (A recording region's FLOP count runs torch's meta kernels, some of which import it.)
+    code = ("import sys, torch, hpu_autocast\n"
+            "with hpu_autocast.HpuAutocastMode(policy='torch-cpu'):\n"
+            "    torch.mm(torch.randn(2, 2), torch.randn(2, 2))\n"
+            "lin = torch.nn.Linear(2, 2)\n"
+            "with hpu_autocast.HpuAutocastMode(policy='hpu'):\n"
+            "    loss = lin(torch.randn(2, 2)).float().sum()\n"
+            "loss.backward()\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
