@@ -357,3 +357,32 @@ def test_observer_runs_with_the_policy_off_and_may_raise():
         # The failure unwound the inner region only; the outer one still casts.
         assert get_dtype() == outer.dtype and torch.mm(A, B).dtype == torch.bfloat16
     assert not is_enabled()
+
+
+def test_a_leaf_no_gradient_flows_to_is_cast_once_while_unchanged():
+    # An input, a mask, a frozen weight: the same copy serves every use in the region until the
+    # tensor changes in place (its version counter moves).
+    events = []
+    m = torch.randn(3, 3)
+    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu", observer=events.append):
+        a, b = torch.mm(m, m), torch.mm(m, m)
+        m.add_(1)
+        c = torch.mm(m, m)
+    cached = [[cast.cached for cast in e.casts] for e in events if e.name == "aten.mm.default"]
+    assert cached == [[False, True], [True, True], [False, True]]
+    assert torch.equal(c, torch.mm(m.bfloat16(), m.bfloat16()))
+    assert torch.equal(a, b)
+
+
+def test_a_weight_copy_made_under_no_grad_is_not_served_to_a_use_with_grad():
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    events = []
+    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu", observer=events.append):
+        with torch.no_grad():
+            lin(x)
+            lin(x)             # served from the no_grad copy
+        lin(x).float().sum().backward()  # needs a copy with ToCopyBackward: a new cast
+    weight = [[c.cached for c in e.casts if c.arg == "weight"] for e in events if e.name == "aten.linear.default"]
+    assert weight == [[False], [True], [False]]
+    assert lin.weight.grad is not None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from operator import attrgetter
 from contextvars import ContextVar
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
@@ -446,7 +447,8 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         cast = _CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
         observer = region.observer
         casts = [] if observer is not None else None
-        cache = region.cache if region.cache_enabled and target is frame.dtype else None
+        cache = region.cache if region.cache_enabled else None
+        lower = target is frame.dtype
         protected = rule.protected
         on = eligible = 0
         new_args = None
@@ -462,7 +464,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                         if dt is not target and target is not None and not (protected and i in protected):
                             if new_args is None:
                                 new_args = list(args)
-                            new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i])
+                            new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i], lower)
                 if input_only:
                     break
             elif type(a) is list or type(a) is tuple:
@@ -476,7 +478,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                             if dt is not target and target is not None and not (protected and i in protected):
                                 if items is None:
                                     items = list(a)
-                                items[j] = _cast(t, dt, target, cast, cache, casts, f"{rule.arg_names[i]}[{j}]")
+                                items[j] = _cast(t, dt, target, cast, cache, casts, f"{rule.arg_names[i]}[{j}]", lower)
                 if items is not None:
                     if new_args is None:
                         new_args = list(args)
@@ -491,7 +493,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                     if dt is not _FLOAT64:
                         eligible += 1
                         if dt is not target and target is not None:
-                            new_kwargs[n] = _cast(v, dt, target, cast, cache, casts, n)
+                            new_kwargs[n] = _cast(v, dt, target, cast, cache, casts, n, lower)
         if not on:
             # No tensor of the region's device: native autocast's kernel would not have been
             # reached, so the call goes on as if the engine were not there (no event).
@@ -572,25 +574,46 @@ def _eligible_dtypes(rule: OpRule, args: tuple, kwargs: dict, on_device, input_o
 
 
 def _cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Callable, cache: Optional[dict],
-          casts: Optional[list], arg: str) -> torch.Tensor:
-    """``t`` (eligible, of dtype ``dt``) cast to ``target``, through the cast cache where it applies."""
-    if cache is not None and dt is _FLOAT32 and t.requires_grad and t.is_leaf and not t._is_view():
+          casts: Optional[list], arg: str, lower: bool) -> torch.Tensor:
+    """``t`` (eligible, of dtype ``dt``) cast to ``target``, through the cast cache where it applies.
+
+    [Note: the cast cache] Within the outermost region, a leaf tensor cast once is not cast
+    again while it is unchanged (same object, same version counter):
+    * a float32 leaf that requires grad (a weight), cast to the lower dtype, as torch.autocast
+      caches it: its uses share one ``ToCopyBackward``, so their gradients meet in the lower
+      dtype before the cast back, bit for bit as native. As native, the copy serves until the
+      outermost region exits, also after an in-place update (an optimizer step inside the
+      region); a copy made under ``no_grad`` has no ``ToCopyBackward`` and serves only later
+      ``no_grad`` uses (native would hand it to a use with grad enabled too, and the weight
+      would get no gradient);
+    * any leaf no gradient flows to (inputs, masks, frozen weights, the activations of a
+      ``no_grad`` forward), to any dtype: the copy is the same values whoever asks, so a mask
+      that every layer applies, or one input of three projections, is cast once. Its entry goes
+      when the tensor does (a weak reference), so a ``no_grad`` forward keeps no copy of an
+      activation it has freed.
+    A region with ``cache_enabled=False`` (always so on HPU) casts every time."""
+    if cache is not None and t.is_leaf and not t._is_view():
         key = (id(t), target)
         hit = cache.get(key)
-        if hit is not None and hit[0] is t:
+        grad = t.requires_grad and _grad_enabled()  # this use needs the copy's autograd edge
+        if hit is not None and hit[0]() is t and (hit[1] is None or hit[1] == t._version) and (hit[3] or not grad):
             if casts is not None:
-                casts.append(Cast(arg, dt, target, hit[1].numel() * target.itemsize, True, t))
-            return hit[1]
+                casts.append(Cast(arg, dt, target, hit[2].numel() * target.itemsize, True, t))
+            return hit[2]
         c = cast(t)
-        # Only copies that carry their ToCopyBackward: one made under no_grad would starve a
-        # later use with grad enabled of the weight's gradient (native autocast caches it anyway).
-        if _grad_enabled():
-            cache[key] = (t, c)
+        if not t.requires_grad:
+            cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), t._version, c, False)
+        elif dt is _FLOAT32 and lower:
+            cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), None, c, grad)
     else:
         c = cast(t)
     if casts is not None:
         casts.append(Cast(arg, dt, target, c.numel() * target.itemsize, False, t))
     return c
+
+
+def _evict(cache: dict, key: tuple, _ref) -> None:
+    cache.pop(key, None)
 
 
 def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,

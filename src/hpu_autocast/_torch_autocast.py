@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint as _checkpoint
@@ -106,29 +106,6 @@ def set_autocast_dtype(*args, **kwargs) -> None:
     _engine.replace_innermost(frame.enabled, dtype)
 
 
-def _legacy(device: str, getter: Optional[str] = None, setter: Optional[str] = None):
-    """The per-device spellings older code uses (``torch.get_autocast_gpu_dtype()``)."""
-    if getter is not None:
-        def get():
-            frame = _frame_for(device)
-            if frame is None:
-                return _real[getter]()
-            return frame.enabled if getter.startswith("is_") else frame.dtype
-        get.__name__ = getter
-        return _constant_for_dynamo(get)
-
-    def set_(value):
-        frame = _frame_for(device)
-        if frame is None:
-            return _real[setter](value)
-        if setter.startswith("set_autocast_") and setter.endswith("_enabled"):
-            _engine.replace_innermost(bool(value), frame.dtype)
-        else:
-            set_autocast_dtype(device, value)
-    set_.__name__ = setter
-    return set_
-
-
 def _is_any_autocast_enabled() -> bool:
     # The engine's own keys are autocast keys, and torch counts them: ask with them excluded,
     # then add the region's own state.
@@ -194,10 +171,14 @@ def _constant_for_dynamo(fn: Callable) -> Callable:
 for _getter in (is_autocast_enabled, get_autocast_dtype, _is_any_autocast_enabled):
     _constant_for_dynamo(_getter)
 
+# The deprecated per-device spellings (torch.get_autocast_gpu_dtype(), is_autocast_cpu_enabled())
+# keep torch's answers: torch.autocast, torch.utils.checkpoint, transformers and accelerate use
+# the spellings above, and each patched name is a cost at every region's entry and exit.
+
 
 # -- installing --------------------------------------------------------------------------------
 #: (object, attribute, replacement): what is patched while a region is open.
-PATCHED: List[Tuple[object, str, object]] = [
+PATCHED: Tuple[Tuple[object, str, object], ...] = (
     (torch, "is_autocast_enabled", is_autocast_enabled),
     (torch, "get_autocast_dtype", get_autocast_dtype),
     (torch, "set_autocast_enabled", set_autocast_enabled),
@@ -205,15 +186,7 @@ PATCHED: List[Tuple[object, str, object]] = [
     (torch._C, "_is_any_autocast_enabled", _is_any_autocast_enabled),
     (_checkpoint, "_checkpoint_without_reentrant_generator", _checkpoint_without_reentrant_generator),
     (_checkpoint, "CheckpointFunction", _CheckpointFunction()),
-]
-for _device, _get, _set in (("cpu", "is_autocast_cpu_enabled", "set_autocast_cpu_enabled"),
-                            ("cpu", "get_autocast_cpu_dtype", "set_autocast_cpu_dtype"),
-                            ("cuda", "get_autocast_gpu_dtype", "set_autocast_gpu_dtype")):
-    if hasattr(torch, _get):
-        PATCHED.append((torch, _get, _legacy(_device, getter=_get)))
-    if hasattr(torch, _set):
-        PATCHED.append((torch, _set, _legacy(_device, setter=_set)))
-PATCHED = [(owner, name, new) for owner, name, new in PATCHED if hasattr(owner, name)]
+)
 
 _lock = threading.Lock()
 _open = 0
@@ -225,7 +198,7 @@ def _acquire() -> None:
     with _lock:
         if _open == 0:
             for owner, name, new in PATCHED:
-                _real[name] = getattr(owner, name)
+                _real[name] = getattr(owner, name)  # read each time: another library may patch too
                 setattr(owner, name, new)
         _open += 1
 
