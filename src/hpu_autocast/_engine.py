@@ -321,6 +321,7 @@ def _make_kernel(op: OpOverload) -> Callable:
     """The kernel registered on the ops key for ``op``."""
     ops_key = _dispatch._keys.ops
     op_id = id(op)  # rules are keyed by id: an OpOverload's own hash is a Python method
+    call = op._op
 
     def kernel(*args, **kwargs):
         frame = _get_frame()
@@ -331,6 +332,8 @@ def _make_kernel(op: OpOverload) -> Callable:
         if frame is not None:
             rule = frame.rules.get(op_id)
             if rule is not None:
+                if rule.plain and not kwargs and not frame.region.observes:
+                    return _apply_plain(frame, rule, call, args)
                 return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
         # Not this region's op: on, as if this key had no kernel for it.
         return _pass_on(op, args, kwargs, ops_key)
@@ -454,9 +457,9 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         new_args = None
         for i, a in enumerate(args):
             if isinstance(a, _Tensor):
-                if a.is_floating_point() and on_device(a):
+                dt = a.dtype
+                if dt.is_floating_point and on_device(a):
                     on += 1
-                    dt = a.dtype
                     if dt is not _FLOAT64:
                         eligible += 1
                         # An argument the op writes is never replaced by a copy (its write
@@ -464,7 +467,16 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                         if dt is not target and target is not None and not (protected and i in protected):
                             if new_args is None:
                                 new_args = list(args)
-                            new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i], lower)
+                            hit = cache.get((id(a), target)) if cache is not None else None
+                            if (hit is not None and hit[0]() is a and (hit[1] is None or hit[1] == a._version)
+                                    and (hit[3] or not (a.requires_grad and _grad_enabled()))):
+                                # Served from the cast cache (see _cast), the common case inlined.
+                                new_args[i] = hit[2]
+                                if casts is not None:
+                                    casts.append(Cast(rule.arg_names[i], dt, target,
+                                                      hit[2].numel() * target.itemsize, True, a))
+                            else:
+                                new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i], lower)
                 if input_only:
                     break
             elif type(a) is list or type(a) is tuple:
@@ -519,6 +531,41 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
             _set_excluded(k.ops, False)
             if all_on:
                 _set_excluded(k.all, False)
+
+
+def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple):
+    """``_apply`` for the commonest call, specialised: a LOWER or FP32 rule with nothing else to
+    consider (``OpRule.plain``), positional arguments, a region that does not observe (so the
+    fallback's key needs no switching off). The same decisions, fewer steps: the cost of a cast
+    op is this function."""
+    target = frame.dtype if rule.action is _LOWER else _FLOAT32
+    region = frame.region
+    on_device = region.on_device
+    cache = region.cache if region.cache_enabled else None
+    new_args = list(args)
+    on = False
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor):
+            dt = a.dtype
+            if dt.is_floating_point and on_device(a):
+                on = True
+                if dt is not target and dt is not _FLOAT64:
+                    hit = cache.get((id(a), target)) if cache is not None else None
+                    if (hit is not None and hit[0]() is a and (hit[1] is None or hit[1] == a._version)
+                            and (hit[3] or not (a.requires_grad and _grad_enabled()))):
+                        new_args[i] = hit[2]
+                    else:
+                        new_args[i] = _cast(a, dt, target, _CAST[target], cache, None, "", target is frame.dtype)
+        elif type(a) is list or type(a) is tuple:
+            return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)  # cat's lists: the long way
+    if not on:
+        return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
+    ops_key = _dispatch._keys.ops
+    _set_excluded(ops_key, True)
+    try:
+        return call(*new_args)
+    finally:
+        _set_excluded(ops_key, False)
 
 
 def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict):

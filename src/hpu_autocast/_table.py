@@ -23,7 +23,7 @@ class OpRule:
     """How one overload is handled."""
 
     __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "banned",
-                 "arg_names", "takes_dtype", "default", "native")
+                 "arg_names", "takes_dtype", "default", "native", "plain")
 
     def __init__(self, op: OpOverload, action: Optional[CastPolicy], input_only: bool = False,
                  banned: Optional[str] = None, default: Optional[str] = None, native=None) -> None:
@@ -44,6 +44,10 @@ class OpRule:
         #: The native autocast key this op is left to (``Policy.native``; its action is then
         #: ``None``): the kernel registered there casts as it was registered to.
         self.native = native
+        #: LOWER or FP32 with nothing else to consider (no written argument, no dtype argument,
+        #: no input-only rule, no ban): the engine's fast path (``_engine._apply_plain``).
+        self.plain = (action in (CastPolicy.LOWER, CastPolicy.FP32) and not self.protected and not self.takes_dtype
+                      and not input_only and banned is None and native is None)
 
     def casts_input_only(self, device_type: str) -> bool:
         """Whether a call on ``device_type`` casts its first tensor alone (weight and bias keep
