@@ -26,7 +26,7 @@ __all__ = ["check_policy", "assert_follows_policy", "watch_policy", "Watch", "De
            "PolicyViolation", "WHYS", "policies", "eligible_tensors", "inputs_for", "model_inputs"]
 
 
-def _strategies():
+def _load():
     try:
         from . import _strategies as s
     except ImportError as e:
@@ -38,23 +38,23 @@ def _strategies():
 
 def policies(*args, **kwargs):
     """A hypothesis strategy of valid policies (``_strategies.policies`` has the arguments)."""
-    return _strategies().policies(*args, **kwargs)
+    return _load().policies(*args, **kwargs)
 
 
 def eligible_tensors(*args, **kwargs):
     """A hypothesis strategy of tensors autocast may cast (``_strategies.eligible_tensors``)."""
-    return _strategies().eligible_tensors(*args, **kwargs)
+    return _load().eligible_tensors(*args, **kwargs)
 
 
 def inputs_for(*args, **kwargs):
     """A hypothesis strategy of ``(args, kwargs)`` an op overload accepts (``_strategies.inputs_for``)."""
-    return _strategies().inputs_for(*args, **kwargs)
+    return _load().inputs_for(*args, **kwargs)
 
 
 def model_inputs(*args, **kwargs):
     """A hypothesis strategy of inputs like an example, batch and sequence sizes varied
     (``_strategies.model_inputs``)."""
-    return _strategies().model_inputs(*args, **kwargs)
+    return _load().model_inputs(*args, **kwargs)
 
 
 for _f in (policies, eligible_tensors, inputs_for, model_inputs):
