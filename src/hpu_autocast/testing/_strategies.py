@@ -182,6 +182,11 @@ def _family(name: str, draw, max_side: int) -> Optional[Dict[str, object]]:
     return None
 
 
+def _smallest(strategy):
+    """A stand-in for ``draw`` that checks which arguments have a rule (no example is drawn)."""
+    return 1
+
+
 def _broadcast(draw, base: tuple) -> tuple:
     # A suffix of ``base`` with some dimensions set to 1: broadcasts against it.
     other = tuple(d if draw(st.booleans()) else 1 for d in base)
@@ -246,6 +251,13 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
             break
         positional.append(a)
     required_kw = [a for a in schema.arguments if a.kwarg_only and not a.has_default_value()]
+    family_names = set(_family(name, _smallest, max_side) or ())
+    for a in positional + required_kw:
+        if _kind(a) not in ("Tensor", "Tensor?", "Tensor[]") and a.name not in family_names:
+            try:
+                _scalar_for(a, _smallest, 1)
+            except _NoRule as e:
+                raise ValueError(f"inputs_for({op}): no rule for {e}") from None
 
     @st.composite
     def draw_inputs(draw):
@@ -254,15 +266,12 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
         call_dtype = draw(st.sampled_from(dtypes))
         extra = [a for a in schema.arguments if a not in positional and (a.name in family or a in required_kw)]
         args, kwargs = [], {}
-        try:
-            for a in positional + extra:
-                value = _value(a, family, base, call_dtype, draw)
-                if a in positional:
-                    args.append(value)
-                elif value is not None:
-                    kwargs[a.name] = value
-        except _NoRule as e:
-            raise ValueError(f"inputs_for({op}): no rule for {e}") from None
+        for a in positional + extra:
+            value = _value(a, family, base, call_dtype, draw)
+            if a in positional:
+                args.append(value)
+            elif value is not None:
+                kwargs[a.name] = value
         args = tuple(args)
         if check:
             assume(_accepted(op, args, kwargs, mixed))
