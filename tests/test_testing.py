@@ -418,3 +418,29 @@ def test_the_fixture_passes_and_fails(pytester):
         "*dtype  -  aten.mm.default  f32,f32 -> f32, policy bf16: disabled block",
         "FAILED test_user.py::test_disabled_block*",
     ])
+
+
+# --- the example ---------------------------------------------------------------------------------
+def _example():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("property_test_example", ROOT / "examples" / "property_test_example.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_example_property_holds_for_its_example_and_finds_a_float64_head():
+    ex = _example()
+    ex.test_tiny_lm_follows_hpu.hypothesis.inner_test(ex.EXAMPLE)  # one example of the property
+    clean = ex.MODEL.head
+    ex.MODEL.head = ex.Float64Head(clean)
+    try:
+        found, _ = ex.check(*ex.EXAMPLE)
+    finally:
+        ex.MODEL.head = clean
+    # docs/testing.md shows this output.
+    assert str(found) == (
+        "3 deviations from policy 'hpu' (bf16):\n"
+        "  dtype  head.proj  aten.linear.default  f64,f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in head)\n"
+        "  dtype  (backward)  aten.mm.default  f64,f64 -> f64, policy bf16: float64 inputs (parameter head.proj.weight)\n"
+        "  dtype  (backward)  aten.mm.default  f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in head)")

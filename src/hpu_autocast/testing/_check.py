@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .. import _engine
 from .. import mode as _mode
 from ..builder import as_policy
 from ..events import Event, Outcome, short_dtype
@@ -248,7 +249,9 @@ class Watch:
         self.mode: Optional[_mode.HpuAutocastMode] = None
         self._found: Dict[tuple, int] = {}
         self._origins = WeakTensorKeyDictionary()
-        self._casts: Dict[int, torch.Tensor] = {}  # input id -> the model's cast, until its event
+        # The last _to_copy below the engine, (input, result): the engine's event for it, if any,
+        # comes right after and marks the result as the model's own cast.
+        self._last_cast: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._find_nonfinite = find_nonfinite
         self.nonfinite_at: Optional[Deviation] = None
         self._tables = {a: frozenset(op for op, x in policy.table.items() if x is a)
@@ -343,8 +346,9 @@ class Watch:
     def _claim_cast(self, source: object) -> None:
         # The engine reported a _to_copy: the model's own cast (the engine's casts make no
         # events), whose result the dispatch mode kept.
-        out = self._casts.pop(id(source), None)
-        if out is not None and _current_node() is None:
+        last, self._last_cast = self._last_cast, None
+        if last is not None and last[0] is source and _current_node() is None:
+            out = last[1]
             module = self.modules.path()
             where = f"in {module}" if module else ("in the root module" if module == "" else "outside modules")
             self._origins[out] = _Origin(out.dtype, OWN_CAST, f"{short_dtype(source.dtype)} -> "
@@ -359,7 +363,7 @@ class Watch:
         if func is _TO_COPY:
             o = outs[0]
             if ins and o.is_floating_point() and o.dtype is not ins[0].dtype and (o.dtype is _F64 or o.dtype in _LOW):
-                self._casts[id(ins[0])] = o
+                self._last_cast = (ins[0], o)
             return
         if self._origins:
             self._propagate(func, ins, outs)
@@ -393,8 +397,7 @@ class Watch:
         if self.nonfinite_at is not None:
             return
         floating = [o for o in outs if o.is_floating_point()]
-        if floating and not all(bool(torch.isfinite(o).all()) for o in floating) and all(
-                bool(torch.isfinite(t).all()) for t in ins if t.is_floating_point()):
+        if floating and not all(map(_finite, floating)) and all(map(_finite, ins)):
             self.nonfinite_at = Deviation(Kind.NONFINITE, func, self.modules.path(), INF_NAN,
                                           tuple(t.dtype for t in ins), floating[0].dtype)
 
@@ -404,9 +407,15 @@ class Watch:
         observer = combine_observers(self.observe, mode_kwargs.pop("observer", None))
         self.mode = _mode.HpuAutocastMode(self.dtype, policy=self.policy, device_type=self.device_type,
                                           observer=observer, **mode_kwargs)
-        with self.modules, _Calls(self), self.mode:
-            yield self
-        self._casts.clear()
+        try:
+            with self.modules, _Calls(self), self.mode:
+                yield self
+        except Exception as e:
+            if self._found and hasattr(e, "add_note"):
+                e.add_note(f"hpu_autocast.testing, before the error: {self.deviations}")
+            raise
+        finally:
+            self._last_cast = None
 
 
 def _with_calls(d: Deviation, n: int) -> Deviation:
@@ -465,6 +474,8 @@ class _Snapshot:
         self.entries: Dict[int, tuple] = {}  # id(module) -> (module, path, params, grads, buffers)
 
     def add(self, module: torch.nn.Module, path: str) -> None:
+        if id(module) in self.entries:
+            return
         for name, m in module.named_modules(remove_duplicate=False):
             if id(m) not in self.entries:
                 sub = ".".join(p for p in (path, name) if p)
@@ -510,7 +521,10 @@ class _Snapshot:
 
 
 def _finite(t: torch.Tensor) -> bool:
-    return not t.is_floating_point() or bool(torch.isfinite(t.detach()).all())
+    if not t.is_floating_point():
+        return True
+    with _engine.keys_excluded():  # the check is not the model's: no region sees it
+        return bool(torch.isfinite(t.detach()).all())
 
 
 class _Rng:
