@@ -53,6 +53,7 @@ def hpu_autocast_region(request):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
+    __tracebackhide__ = True
     result = yield
     watch = item.stash.get(_WATCH, None)
     if watch is not None and watch.deviations:

@@ -22,6 +22,10 @@ from ._check import (DISABLED, EXPLICIT, FLOAT64, INF_NAN, INTEGER, LOWER_INPUTS
                      WRITE_EXTRA, WRITE_LOST, Deviation, Deviations, Kind, PolicyViolation, Watch,
                      assert_follows_policy, check_policy, watch_policy)
 
+for _cls in (Deviation, Deviations, Kind, PolicyViolation, Watch):
+    _cls.__module__ = __name__  # shown as hpu_autocast.testing.PolicyViolation in a failure
+del _cls
+
 __all__ = ["check_policy", "assert_follows_policy", "watch_policy", "Watch", "Deviation", "Deviations", "Kind",
            "PolicyViolation", "WHYS", "policies", "eligible_tensors", "inputs_for", "model_inputs"]
 
