@@ -147,6 +147,15 @@ def test_float64_from_the_caller_names_the_input():
     assert str(d) == "dtype  -  aten.mm.default  f64,f64 -> f64, policy bf16: float64 inputs (the caller's input inputs[0])"
 
 
+def test_a_policy_default_is_checked_like_a_list():
+    # hmp-O2 runs every op on no list in float32 (its default): relu of a float64 value did not.
+    found = check_policy(lambda x: torch.relu(x.double()), torch.randn(3), policy="hmp-O2")
+    assert str(found) == ("1 deviation from policy 'hmp-O2' (bf16):\n"
+                          "  dtype  -  aten.relu.default  f64 -> f64, policy f32: the model's own cast "
+                          "(f32 -> f64 outside modules)")
+    assert not check_policy(lambda x: torch.relu(x.double()), torch.randn(3), policy="hpu")  # relu: on no list
+
+
 def test_integer_inputs_with_a_floating_result():
     # mul is lower under hpu; an integer tensor times a Python float has no floating tensor to
     # cast, and computes in float32. An integer product is exact: not reported.

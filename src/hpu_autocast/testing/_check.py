@@ -234,20 +234,18 @@ class _Calls(TorchDispatchMode):
 
 
 class Watch:
-    """What ``watch_policy`` yields: the region, and the deviations met so far.
-
-    ``deviations`` is filled as the body runs; ``events`` keeps every event when asked for."""
+    """What ``watch_policy`` yields: the region (``mode``), and the deviations met so far
+    (``deviations``, filled as the body runs)."""
 
     def __init__(self, policy: Policy, dtype: torch.dtype, device_type: str, roots: Dict[str, torch.nn.Module],
-                 ignore: Iterable = (), keep_events: bool = False, find_nonfinite: bool = False) -> None:
+                 ignore: Iterable = (), find_nonfinite: bool = False) -> None:
         self.policy = policy
         self.dtype = dtype
         self.device_type = device_type
         self.ignore = frozenset(str(i) for i in ignore)
-        self.events: Optional[List[Event]] = [] if keep_events else None
         self.modules = _ModuleStack(roots, self._entered)
         self.mode: Optional[_mode.HpuAutocastMode] = None
-        self._found: Dict[tuple, int] = {}
+        self._found: Dict[Deviation, int] = {}
         self._origins = WeakTensorKeyDictionary()
         # The last _to_copy below the engine, (input, result): the engine's event for it, if any,
         # comes right after and marks the result as the model's own cast.
@@ -256,7 +254,7 @@ class Watch:
         self.nonfinite_at: Optional[Deviation] = None
         self._tables = {a: frozenset(op for op, x in policy.table.items() if x is a)
                         for a in (CastPolicy.LOWER, CastPolicy.FP32)}
-        self.seen_modules: Dict[int, Tuple[torch.nn.Module, str]] = {}
+        self._seen_modules: set = set()
 
     # -- findings
     @property
@@ -272,18 +270,22 @@ class Watch:
             return
         self._found[deviation] = self._found.get(deviation, 0) + 1
 
-    def _expected(self, op: OpOverload) -> Optional[torch.dtype]:
-        if op in self._tables[CastPolicy.LOWER]:
+    def _expected(self, action: Optional[CastPolicy]) -> Optional[torch.dtype]:
+        """The dtype ``action`` gives, where it gives one (``promote`` and ``first`` do not)."""
+        if action is CastPolicy.LOWER:
             return _mode.get_dtype() or self.dtype
-        if op in self._tables[CastPolicy.FP32]:
-            return _F32
-        return None
+        return _F32 if action is CastPolicy.FP32 else None
+
+    def _action(self, op: OpOverload) -> Optional[CastPolicy]:
+        if op in self._tables[CastPolicy.LOWER]:
+            return CastPolicy.LOWER
+        return CastPolicy.FP32 if op in self._tables[CastPolicy.FP32] else None
 
     # -- origins
     def _entered(self, module: torch.nn.Module, path: str) -> None:
-        if id(module) in self.seen_modules:
+        if id(module) in self._seen_modules:
             return
-        self.seen_modules[id(module)] = (module, path)
+        self._seen_modules.add(id(module))
         for kind, items in (("parameter", module._parameters), ("buffer", module._buffers)):
             for name, t in items.items():
                 self.mark(t, f"{kind} {path}.{name}" if path else f"{kind} {name}")
@@ -308,13 +310,12 @@ class Watch:
 
     # -- the engine's events
     def observe(self, event: Event) -> None:
-        if self.events is not None:
-            self.events.append(event)
         op = event.op
         if op is _TO_COPY and event.args:
             self._claim_cast(event.args[0])
             return
-        expected = self._expected(op) if event.action in (CastPolicy.LOWER, CastPolicy.FP32) else None
+        # The event's action: a listed op's, or a policy default's (hmp-O2 gives fp32 to ops on no list).
+        expected = self._expected(event.action)
         if expected is None:
             return
         module = self.modules.path()
@@ -369,7 +370,7 @@ class Watch:
             self._propagate(func, ins, outs)
         if self._find_nonfinite:
             self._check_finite(func, ins, outs)
-        expected = self._expected(func)
+        expected = self._expected(self._action(func))
         computed = _first_floating(outs)
         if expected is None or computed is None or computed is expected:
             return
