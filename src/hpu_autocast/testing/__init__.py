@@ -3,7 +3,7 @@
     >>> from hpu_autocast.testing import check_policy
     >>> print(check_policy(model, x, dtype=torch.bfloat16, policy="hpu"))
     1 deviation from policy 'hpu' (bf16):
-      dtype  encoder.layers.1.mlp.proj  aten.linear.default  f64,f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in encoder.layers.1.mlp)
+      dtype  encoder.layers.1.mlp.proj  aten.linear.default  f64,f64,f64 -> f64, policy bf16: the model's own cast (bf16 -> f64 in encoder.layers.1.mlp)
 
 * ``check_policy(fn, *inputs, dtype=, policy=)`` returns the ``Deviations`` of one run;
   ``assert_follows_policy`` raises them as a ``PolicyViolation`` (an ``AssertionError``).

@@ -129,9 +129,6 @@ class Deviations(tuple):
         self.policy, self.dtype, self.output = policy, dtype, output
         return self
 
-    def kinds(self) -> set:
-        return {d.kind for d in self}
-
     def __str__(self) -> str:
         head = f"policy {self.policy!r} ({short_dtype(self.dtype)})"
         if not self:
@@ -503,7 +500,8 @@ class _Snapshot:
                     t.data = saved.clone()
 
     def state(self) -> Dict[str, tuple]:
-        """``name -> (dtype, changed, finite, kind)`` for each parameter, gradient and buffer now."""
+        """``name -> (dtype, changed, finite, kind, module path)`` for each parameter, gradient and
+        buffer now (``changed``: since the snapshot)."""
         out = {}
         for m, path, params, grads, bufs in self.entries.values():
             prefix = f"{path}." if path else ""
@@ -562,8 +560,7 @@ def check_policy(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, pol
     ``fn`` runs twice with ``reference=True`` (thrice when it finds an inf/nan, to name the op
     that made it); the parameters, gradients and buffers of the modules it runs are put back
     between runs, so the state left is the mode run's. Other side effects (an optimizer's own
-    state) happen once per run. ``fn.output`` is not kept; ``Deviations.output`` is what ``fn``
-    returned under the mode.
+    state) happen once per run. ``Deviations.output`` is what ``fn`` returned under the mode.
     """
     p, device = _resolve(policy, dtype, device_type)
     roots = _roots(fn, modules)

@@ -14,6 +14,7 @@ its values are reproducible.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
@@ -58,6 +59,7 @@ def _usable_presets(device: str) -> List[str]:
     return [n for n in preset_names() if get_preset(n).device_type in (None, device)]
 
 
+@functools.lru_cache(maxsize=None)
 def _registered_ops() -> List[OpOverload]:
     return sorted((op for op in _ops.all_overloads("aten") if _ops.is_functional(op)), key=str)
 
@@ -292,8 +294,7 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
             shape = spec if spec != "absent" else (base if a is first_tensor else _broadcast(draw, base))
             return _make(shape, dtype, draw(_SEEDS), dev)
         if t == "Tensor[]":
-            return [_make(base, dtype if not mixed else draw(st.sampled_from(dtypes)), draw(_SEEDS), dev)
-                    for _ in range(2)]
+            return [_make(base, draw(st.sampled_from(dtypes)) if mixed else dtype, draw(_SEEDS), dev) for _ in range(2)]
         if spec != "absent":
             return spec
         return _scalar_for(a, draw, len(base))
