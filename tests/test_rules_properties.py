@@ -1,4 +1,8 @@
-"""The dtype rules as properties, over random shapes and input dtypes (hypothesis)."""
+"""The dtype rules as properties, over random shapes and input dtypes (hypothesis).
+
+The inputs and policies come from ``hpu_autocast.testing``'s public strategies, the ones users
+write their own property tests with: ``inputs_for(op)``, ``eligible_tensors()``, ``policies()``.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch.nn.functional as F
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, build_policy
 from hpu_autocast.rules import PromoteError, compute_dtype, has_explicit_dtype, is_eligible as _is_eligible
+from hpu_autocast.testing import eligible_tensors, inputs_for, policies
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool]
 LOWER_DTYPES = [torch.bfloat16, torch.float16]
@@ -22,6 +27,17 @@ POLICY = build_policy("properties", lower=["mul", "maximum"], fp32=["atan2", "hy
 ACTIONS = {"mul": CastPolicy.LOWER, "maximum": CastPolicy.LOWER, "atan2": CastPolicy.FP32,
            "hypot": CastPolicy.FP32, "add": CastPolicy.PROMOTE, "sub": CastPolicy.PROMOTE}
 FLOAT_ONLY = {"atan2", "hypot"}  # no integer or bool kernels
+#: Each name's tensor-tensor overload (what ``torch.<name>(a, b)`` calls with two tensors).
+OVERLOADS = {"mul": torch.ops.aten.mul.Tensor, "maximum": torch.ops.aten.maximum.default,
+             "atan2": torch.ops.aten.atan2.default, "hypot": torch.ops.aten.hypot.default,
+             "add": torch.ops.aten.add.Tensor, "sub": torch.ops.aten.sub.Tensor}
+
+
+def pair(name):
+    """Two tensors ``torch.<name>`` takes: the second broadcasts against the first; each of any
+    dtype of DTYPES (float32, both lower dtypes, float64, int64, bool), shapes of 0 to 3
+    dimensions of size 1 to 4. Unchecked: torch's refusals (bool subtraction) are outcomes here."""
+    return inputs_for(OVERLOADS[name], dtypes=DTYPES, mixed=True, check=False).map(lambda call: call[0][:2])
 
 def is_eligible(t) -> bool:
     return _is_eligible(t, "cpu")  # every tensor here is on the CPU, the regions' device
@@ -55,10 +71,11 @@ def _tensor(shape, dtype, seed):
     return torch.randn(shape, generator=g).to(dtype)
 
 
-def _control(name, a, b, lower):
-    """The hand-cast control: what the rule says the mode does, with no mode."""
+def _control(name, a, b, lower, action):
+    """The hand-cast control: what the rule says the mode does, with no mode (``action`` None:
+    the op is on no list, and runs as it would)."""
     eligible = [t.dtype for t in (a, b) if is_eligible(t)]
-    target = _target(ACTIONS[name], eligible, lower)
+    target = _target(action, eligible, lower) if action is not None else None
     if target is PromoteError:
         return target
     cast = (lambda t: t.to(target) if target is not None and is_eligible(t) else t)
@@ -67,35 +84,47 @@ def _control(name, a, b, lower):
 
 @pytest.mark.parametrize("name", sorted(ACTIONS))
 @settings(max_examples=30, deadline=None)
-@given(shapes=broadcastable_shapes(),
-       da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES), lower=st.sampled_from(LOWER_DTYPES),
-       seed=st.integers(0, 2**16))
-def test_binary_op_follows_its_rule(name, shapes, da, db, lower, seed):
+@given(data=st.data(), lower=st.sampled_from(LOWER_DTYPES))
+def test_binary_op_follows_its_rule(name, data, lower):
+    a, b = data.draw(pair(name), label="a, b")
+    _binary_op_follows_its_rule(name, a, b, lower, POLICY, ACTIONS[name])
+
+
+@pytest.mark.parametrize("name", sorted(ACTIONS))
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), lower=st.sampled_from(LOWER_DTYPES),
+       policy=policies(presets=[], ops=OVERLOADS.values(), max_changes=len(OVERLOADS)))
+def test_binary_op_follows_any_drawn_policy(name, data, lower, policy):
+    # The same statements for any valid policy over these ops, the op on any list or on none.
+    a, b = data.draw(pair(name), label="a, b")
+    _binary_op_follows_its_rule(name, a, b, lower, policy, policy.table.get(OVERLOADS[name]))
+
+
+def _binary_op_follows_its_rule(name, a, b, lower, policy, action):
+    da, db = a.dtype, b.dtype
     if name in FLOAT_ONLY and not (da.is_floating_point or db.is_floating_point):
         return
     if name == "sub" and torch.bool in (da, db):
         return  # torch refuses bool subtraction with or without a mode
-    a, b = _tensor(shapes[0], da, seed), _tensor(shapes[1], db, seed + 1)
-    control = _control(name, a, b, lower)
+    control = _control(name, a, b, lower, action)
     if control is PromoteError:
         # Promote met the other lower dtype before any float32: it raises, as native autocast does.
-        with HpuAutocastMode(lower, policy=POLICY), pytest.raises(PromoteError):
+        with HpuAutocastMode(lower, policy=policy), pytest.raises(PromoteError):
             getattr(torch, name)(a, b)
         return
-    with HpuAutocastMode(lower, policy=POLICY):
+    with HpuAutocastMode(lower, policy=policy):
         out = getattr(torch, name)(a, b)
     assert out.dtype == control.dtype and torch.equal(out, control)
     eligible = [t.dtype for t in (a, b) if is_eligible(t)]
-    if eligible and torch.float64 not in (da, db):
+    if eligible and torch.float64 not in (da, db) and action is not None:
         # The statements of the rules, in dtypes.
-        action = ACTIONS[name]
         if action is CastPolicy.LOWER:
             assert out.dtype == lower
         elif action is CastPolicy.FP32:
             assert out.dtype == torch.float32
         else:
             assert out.dtype == functools.reduce(torch.promote_types, eligible)
-    if not eligible:
+    if not eligible or action is None:
         assert torch.equal(out, getattr(torch, name)(a, b))
 
 
@@ -166,11 +195,12 @@ def _same(out, control) -> bool:
 
 @pytest.mark.parametrize("name", sorted(HPU_OPS))
 @settings(max_examples=40, deadline=None)
-@given(shapes=broadcastable_shapes(), dtypes=st.lists(st.sampled_from(DTYPES), min_size=3, max_size=3),
-       seed=st.integers(0, 2**16))
-def test_hpu_preset_op_follows_its_seed_list(name, shapes, dtypes, seed):
+@given(shapes=broadcastable_shapes(), data=st.data())
+def test_hpu_preset_op_follows_its_seed_list(name, shapes, data):
     action, arity, fn = HPU_OPS[name]
-    tensors = [_tensor(shapes[i % 2], dtypes[i], seed + i) for i in range(arity)]
+    # Any dtype of DTYPES per input (eligible or not), alternating two broadcastable shapes.
+    tensors = [data.draw(eligible_tensors(shapes[i % 2], dtypes=DTYPES), label=f"input {i}") for i in range(arity)]
+    dtypes = [t.dtype for t in tensors]
     with HpuAutocastMode():
         out = _outcome(fn, tensors)
     # The hand-cast control: each eligible input cast to the rule's dtype, no mode.
