@@ -41,7 +41,8 @@ from .events import Cast, Event, Level, Outcome
 from .policy import CastPolicy
 from .rules import compute_dtype, has_explicit_dtype
 
-__all__ = ["Region", "Frame", "State", "current", "innermost", "enter", "exit", "replace_innermost", "GUARD"]
+__all__ = ["Region", "Frame", "State", "current", "observing", "innermost", "enter", "exit", "replace_innermost",
+           "GUARD"]
 
 _FLOAT32 = torch.float32
 _FLOAT64 = torch.float64
@@ -167,6 +168,13 @@ def current() -> State:
         return OFF
     region = frame.region
     return State(True, region.compiled.policy, frame.dtype, region.device_type, region.cache_enabled)
+
+
+def observing() -> bool:
+    """Whether the calling context's innermost region has an observer (it then reports the calls
+    it decides on, also in its ``torch.autocast(enabled=False)`` blocks)."""
+    frame = innermost()
+    return frame is not None and frame.region.observer is not None
 
 
 # -- regions ----------------------------------------------------------------------------------
@@ -335,6 +343,11 @@ def _make_kernel(op: OpOverload) -> Callable:
                 if rule.plain and not kwargs and not frame.region.observes:
                     return _apply_plain(frame, rule, call, args)
                 return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
+            if not frame.enabled and frame.region.observer is not None:
+                # torch.autocast(enabled=False) inside an observing region: its ops are reported.
+                rule = frame.region.compiled.by_id.get(op_id)
+                if rule is not None:
+                    return _unchanged(frame, rule, op, args, kwargs, Level.KERNEL, "disabled")
         # Not this region's op: on, as if this key had no kernel for it.
         return _pass_on(op, args, kwargs, ops_key)
 
@@ -519,8 +532,10 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         out = op._op(*(args if new_args is None else new_args), **new_kwargs)
         if observer is not None:
             if eligible:
+                # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
+                # promoted the result beyond it.
                 event = Event(op, level, Outcome.CAST, action, rule.default, None, _dtypes(args, kwargs),
-                              target, tuple(casts), args, kwargs)
+                              _first_floating(out) or target, tuple(casts), args, kwargs)
             else:  # every floating input on the device is float64
                 event = Event(op, level, Outcome.INELIGIBLE, action, rule.default, "float64",
                               _dtypes(args, kwargs), _first_floating(out), (), args, kwargs)

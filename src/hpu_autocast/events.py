@@ -40,7 +40,9 @@ class Outcome(enum.Enum):
     #: they already had that dtype).
     CAST = "cast"
     #: The op has a rule but this call is not eligible (``Event.reason``: ``explicit dtype``,
-    #: ``float64``, ``device``): it ran as its inputs are.
+    #: ``float64``; ``disabled`` inside a ``torch.autocast(enabled=False)`` block of the region):
+    #: it ran as its inputs are. A call with no floating tensor of the region's device makes no
+    #: event (native autocast's kernel would not have been reached).
     INELIGIBLE = "ineligible"
     #: No rule: the op ran as its inputs are (reported to observing regions only).
     UNLISTED = "unlisted"
@@ -89,7 +91,7 @@ class Event(NamedTuple):
     default: Optional[str]            #: the policy default that made the rule: ``unlisted``/``in-place`` (HMP)
     reason: Optional[str]             #: why ``INELIGIBLE``; ``None`` otherwise
     inputs: Tuple[torch.dtype, ...]   #: tensor inputs' dtypes in argument order (lists flattened)
-    compute: Optional[torch.dtype]    #: the dtype the op ran in (its first floating output's, if not cast)
+    compute: Optional[torch.dtype]    #: the dtype it ran in: its first floating output's (the cast dtype if none)
     casts: Tuple[Cast, ...]           #: the casts made for this call, in argument order
     args: tuple = ()                  #: the call's positional inputs, as the caller passed them
     kwargs: dict = {}                 #: its keyword-only inputs (keeping an event keeps these alive)

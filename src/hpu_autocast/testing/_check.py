@@ -8,9 +8,10 @@ events cannot say:
 * provenance: a small dispatch mode follows float64 and lower-precision tensors from where they
   came from (a parameter, the caller's input, the model's own ``.double()``) through the ops
   that keep their dtype, so a finding says *why* the dtype was there;
-* calls no event reports: the engine reports nothing in a disabled block (``disable_casts``,
-  ``torch.autocast(enabled=False)``) nor for a listed op with no floating tensor input; the same
-  dispatch mode sees those calls and checks them against the policy.
+* calls no event reports: the engine reports nothing in a disabled region (``disable_casts``)
+  nor for a listed op with no floating tensor input; the same dispatch mode sees those calls and
+  checks them against the policy. (A ``torch.autocast(enabled=False)`` block of the watched
+  region is reported by the engine, ``ineligible: disabled``.)
 
 [Note: which deviations are reported]
 A listed op's intended dtype is the region's lower dtype (``lower``) or float32 (``fp32``);
@@ -321,8 +322,8 @@ class Watch:
             if event.reason == "float64":
                 self._float64(op, module, event.inputs, event.compute, expected, args)
             else:
-                self.add(Deviation(Kind.DTYPE, op, module, EXPLICIT if event.reason == "explicit dtype" else
-                                   str(event.reason), event.inputs, event.compute, expected))
+                why = {"explicit dtype": EXPLICIT, "disabled": DISABLED}.get(event.reason, str(event.reason))
+                self.add(Deviation(Kind.DTYPE, op, module, why, event.inputs, event.compute, expected))
         elif event.outcome is Outcome.CAST:
             if _F64 in event.inputs:
                 # Some inputs were cast, a float64 one was not: the op ran in float64 (or failed),
@@ -375,6 +376,8 @@ class Watch:
         if not on:
             return
         if not _mode.is_enabled():
+            if _engine.observing():
+                return  # torch.autocast(enabled=False) in the watched region: its events say so
             self.add(Deviation(Kind.DTYPE, func, self.modules.path(), DISABLED,
                                tuple(t.dtype for t in ins), computed, expected))
         elif not any(t.is_floating_point() for t in on):
