@@ -15,6 +15,7 @@ before the rewrite that fixed it), failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gc
 import os
@@ -360,3 +361,137 @@ def test_hpu_promote_of_bfloat16_and_float16_raises_as_on_gaudi(case):
                 fn()
     with HpuAutocastMode():                             # float32 first: float32, natively too
         assert torch.cat([torch.ones(2), f, h]).dtype == torch.float32
+
+
+# --- optimizer steps inside a region ---------------------------------------------------------------
+# The README keeps the optimizer outside the region; a step inside one (a loop wrapped whole,
+# hmp.convert, the report command) runs with casting off, as outside (_torch_autocast's Note:
+# optimizer steps run with casting off).
+
+def _transformers_adafactor(params):
+    optimization = pytest.importorskip("transformers.optimization")
+    return optimization.Adafactor(params, lr=1e-2, relative_step=False, scale_parameter=False)
+
+
+_OPTIMIZERS = {
+    "SGD": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "SGD-foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    "Adam-fused": lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
+    "AdamW-foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
+    "Adadelta": lambda p: torch.optim.Adadelta(p),
+    "Adafactor": lambda p: torch.optim.Adafactor(p, foreach=False),
+    "Adafactor-foreach": lambda p: torch.optim.Adafactor(p, foreach=True),
+    "transformers-Adafactor": _transformers_adafactor,
+}
+
+
+def _train(name, param_dtype, step_inside):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(param_dtype)
+    opt = _OPTIMIZERS[name](model.parameters())
+    x, y = torch.randn(4, 8, dtype=param_dtype), torch.randn(4, 4)
+    for _ in range(3):
+        with HpuAutocastMode():
+            loss = F.mse_loss(model(x).float(), y)
+            loss.backward()
+            if step_inside:
+                opt.step()
+        if not step_inside:
+            opt.step()
+        opt.zero_grad()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name, param_dtype", [(name, torch.float32) for name in _OPTIMIZERS]
+                         + [("Adadelta", torch.float16), ("Adafactor", torch.float16)], ids=str)
+def test_an_optimizer_step_inside_an_hpu_region_computes_as_outside(name, param_dtype):
+    # Before: torch's Adafactor failed in lerp_ ("expected dtype float for `end` but got dtype
+    # BFloat16": grad * grad, mul on Gaudi's lower list, into a float32 state); float16 parameters
+    # failed PROMOTE (Adadelta: bf16 from mul meets f16); transformers' Adafactor ran its
+    # second-moment factor (torch.mul, mean) in bfloat16. SGD and Adam were unaffected: pinned.
+    inside, outside = _train(name, param_dtype, True), _train(name, param_dtype, False)
+    assert all(torch.equal(a, b) for a, b in zip(inside, outside))
+
+
+def test_lbfgs_closure_inside_a_region_runs_in_it():
+    # The closure is the user's forward and backward: in the region, as they were; LBFGS's own
+    # arithmetic runs as outside.
+    def train(step_inside):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4)
+        opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
+        x, y = torch.randn(4, 8), torch.randn(4, 4)
+
+        def closure():  # the reference opens the region the step inside a region gives it
+            opt.zero_grad()
+            with contextlib.nullcontext() if step_inside else HpuAutocastMode(cache_enabled=False):
+                loss = F.mse_loss(model(x).float(), y)
+                loss.backward()
+            return loss
+
+        # No cast cache: LBFGS changes the weights between closure calls in one region, which a
+        # cache would not see (as torch.autocast's would not).
+        if step_inside:
+            with HpuAutocastMode(cache_enabled=False):
+                opt.step(closure)
+        else:
+            opt.step(closure)
+        return [p.detach() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(train(True), train(False)))
+
+
+class _Probe(torch.optim.Optimizer):
+    """Records what the step sees; steps ``inner`` too if given (as accelerate's wrapper does)."""
+
+    def __init__(self, params, inner=None, fail=False):
+        super().__init__(params, {})
+        self.inner, self.fail, self.seen = inner, fail, []
+
+    def step(self, closure=None):
+        self.seen.append((is_enabled(), torch.is_autocast_enabled("cpu"), mm_dtype()))
+        if closure is not None:
+            self.seen.append(("closure", closure()))
+        if self.inner is not None:
+            self.inner.step()
+        self.seen.append((is_enabled(), mm_dtype()))
+        if self.fail:
+            raise FloatingPointError("step failed")
+
+
+def test_a_step_inside_a_region_sees_casting_off_and_the_region_resumes_after():
+    w = nn.Parameter(torch.randn(2))
+    inner = _Probe([w])
+    outer = _Probe([w], inner=inner)
+    with record() as rec:
+        outer.step()
+        outer.step(lambda: mm_dtype())                  # a closure is the user's forward: cast
+        assert mm_dtype() == torch.bfloat16 and is_enabled()
+    off = (False, False, torch.float32)
+    assert outer.seen == [off, (False, torch.float32), off, ("closure", torch.bfloat16), (False, torch.float32)]
+    assert inner.seen == [off, (False, torch.float32)] * 2   # a step inside a step: still off
+    # The report sees two mm calls: the closure's and the one after the steps; none of the steps'.
+    assert [(r.op, r.calls) for r in rec.report().rows] == [("aten.mm.default", 2)]
+    assert nothing_casts()
+
+
+def test_a_step_that_raises_inside_a_region_leaves_nothing_on():
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    hooks = dict(_global_optimizer_pre_hooks), dict(_global_optimizer_post_hooks)
+    failing, ok = _Probe([nn.Parameter(torch.randn(2))], fail=True), _Probe([nn.Parameter(torch.randn(2))])
+    with pytest.raises(FloatingPointError):
+        with HpuAutocastMode():
+            failing.step()
+    assert nothing_casts()
+    # Caught inside the region: torch calls no hook after a failed step, so casting stays off
+    # until the next step, which turns it back on and says so.
+    with HpuAutocastMode():
+        with pytest.raises(FloatingPointError):
+            failing.step()
+        assert mm_dtype() == torch.float32
+        with pytest.warns(RuntimeWarning, match="an optimizer step raised inside a region"):
+            ok.step()
+        assert mm_dtype() == torch.bfloat16
+    assert nothing_casts()
+    assert (dict(_global_optimizer_pre_hooks), dict(_global_optimizer_post_hooks)) == hooks  # none left
