@@ -8,8 +8,9 @@ xpu regions on CPU and meta tensors (test_presets), Policy pickle/deepcopy and s
 (test_policy), attribute names as op names (test_names, test_cli), ``with_lists(lower="mm")`` and
 byte-order marks (test_builder), PROMOTE of the other lower dtype under torch-cpu (test_parity_ops).
 
-"Failed on 5407e8a" below means: this test, run against the package at commit 5407e8a (the engine
-before the rewrite that fixed it), failed.
+"Failed on 5407e8a" below means: this test, run alone against the package at commit 5407e8a (the
+engine before the rewrite that fixed it), failed. (Run together there, later cases may pass in
+a region an earlier case leaked; ``no_leak`` now fails the leaking case itself.)
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def mm_dtype() -> torch.dtype:
 
 def nothing_casts() -> bool:
     return not is_enabled() and get_dtype() is None and mm_dtype() == torch.float32
+
+
+@pytest.fixture(autouse=True)
+def no_leak():
+    # Every case here ends with nothing casting: a leak would also corrupt the cases after it.
+    yield
+    assert nothing_casts(), "a region outlived its test"
 
 
 # --- regions that leak ----------------------------------------------------------------------------
@@ -405,17 +413,19 @@ def _train(name, param_dtype, step_inside):
 @pytest.mark.parametrize("name, param_dtype", [(name, torch.float32) for name in _OPTIMIZERS]
                          + [("Adadelta", torch.float16), ("Adafactor", torch.float16)], ids=str)
 def test_an_optimizer_step_inside_an_hpu_region_computes_as_outside(name, param_dtype):
-    # Before: torch's Adafactor failed in lerp_ ("expected dtype float for `end` but got dtype
-    # BFloat16": grad * grad, mul on Gaudi's lower list, into a float32 state); float16 parameters
-    # failed PROMOTE (Adadelta: bf16 from mul meets f16); transformers' Adafactor ran its
-    # second-moment factor (torch.mul, mean) in bfloat16. SGD and Adam were unaffected: pinned.
+    # Failed on 5407e8a for the Adafactors: torch's failed in lerp_ ("expected dtype float for
+    # `end` but got dtype BFloat16": grad * grad, mul on Gaudi's lower list, into a float32
+    # state), or with foreach ran in bfloat16, as transformers' ran its second-moment factor
+    # (torch.mul, mean). PROMOTE raising as on Gaudi then failed float16 Adadelta too (bf16 from
+    # mul meets f16), until steps ran uncast. SGD, Adam, AdamW, float32 Adadelta: pinned.
     inside, outside = _train(name, param_dtype, True), _train(name, param_dtype, False)
     assert all(torch.equal(a, b) for a, b in zip(inside, outside))
 
 
 def test_lbfgs_closure_inside_a_region_runs_in_it():
     # The closure is the user's forward and backward: in the region, as they were; LBFGS's own
-    # arithmetic runs as outside.
+    # arithmetic runs as outside. Failed on 5407e8a: LBFGS's dot products (dot, on Gaudi's lower
+    # list) ran in bfloat16.
     def train(step_inside):
         torch.manual_seed(0)
         model = nn.Linear(8, 4)
