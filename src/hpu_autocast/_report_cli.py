@@ -8,8 +8,10 @@ hpu_autocast._report_cli report ...`` runs it on its own.
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
+import traceback
 from typing import List, Optional
 
 import torch
@@ -47,7 +49,12 @@ def _policy(ns: argparse.Namespace):
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Run the script under the mode; print the report (also when the script fails)."""
+    """Run the script under the mode; print the report (also when the script fails).
+
+    The script ends as it would under ``python SCRIPT.py``: ``sys.exit(n)`` gives status ``n``,
+    ``sys.exit("message")`` prints the message to stderr and gives 1, an exception prints its
+    traceback (from the script's frames on) to stderr and gives 1; the report is printed and
+    written first. ``KeyboardInterrupt`` propagates (after the report)."""
     from .mode import HpuAutocastMode
     from .report import Recorder
 
@@ -57,13 +64,16 @@ def run(ns: argparse.Namespace) -> int:
     mode = HpuAutocastMode(_DTYPES[ns.dtype], policy=_policy(ns), cache_enabled=False, observer=rec)
     rec.policy, rec.dtype = mode.policy.name, mode.dtype  # the header, even if the script fails early
     argv, sys.argv = sys.argv, [ns.script, *ns.args]
-    code = 0
+    code, message, error = 0, None, None
     try:
         with mode:
             try:
-                runpy.run_path(ns.script, run_name="__main__")
+                # As the interpreter does (3.9+), the script's __file__ is absolute; argv[0] is as given.
+                runpy.run_path(os.path.abspath(ns.script), run_name="__main__")
             except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                code, message = _exit_status(e.code)
+            except Exception as e:  # the script's own error: reported as Python reports it
+                code, error = 1, e
     finally:
         sys.argv = argv
         report = rec.report()
@@ -76,7 +86,31 @@ def run(ns: argparse.Namespace) -> int:
             f.write(report.to_markdown() + "\n")
     if ns.plot:
         report.plot(ns.plot)
+    if error is not None:
+        _print_script_traceback(error)
+    elif message is not None:
+        print(message, file=sys.stderr)
     return code
+
+
+def _exit_status(code) -> tuple:
+    """(status, message) of ``sys.exit(code)``, as the interpreter turns it into an exit: ``None``
+    is 0, an int is itself, anything else is printed to stderr and gives 1."""
+    if code is None:
+        return 0, None
+    if isinstance(code, int):
+        return code, None
+    return 1, code
+
+
+def _print_script_traceback(exc: BaseException) -> None:
+    """The traceback the interpreter would print: the runner's own frames (this module's and
+    runpy's) left out."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                              or tb.tb_frame.f_globals.get("__name__") == "runpy"):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,4 +1,5 @@
-"""Code written for ``torch.autocast`` inside a region: what it asks torch, and what it turns off.
+"""Code written for ``torch.autocast`` inside a region: what it asks torch, and what it turns off;
+and optimizer steps taken inside a region.
 
 [Note: a region is torch's autocast for its device]
 Code in the wild talks to autocast through torch's functions: it asks whether autocast is on
@@ -29,20 +30,46 @@ functions ``checkpoint`` calls (``_checkpoint_without_reentrant_generator`` and
 ``CheckpointFunction``) are wrapped while regions are open. The recomputation's region comes
 into force inside torch's autocast contexts and, as any region, suspends native autocast for its
 device, so the recomputed ops see the forward's casts and the saved metadata matches.
+
+[Note: optimizer steps run with casting off]
+Every source document keeps the optimizer step outside autocast: torch's AMP recipe and Gaudi's
+autocast put it after the region, HMP asks for ``with hmp.disable_casts(): optimizer.step()``.
+Yet steps land inside regions: a loop wrapped whole, ``hmp.convert`` (one region for the
+process), the ``report`` command (one region for the script). Cast there, a step computes its
+own arithmetic in the region's dtypes: under Gaudi's lists ``mul`` and ``mean`` are lowered and
+``add`` promoted, so ``torch.optim.Adafactor`` fails in ``lerp_`` (a bfloat16 ``grad * grad``
+into a float32 state), float16 parameters fail PROMOTE (``Adadelta``), and transformers'
+Adafactor silently keeps its second-moment factor in bfloat16. Native autocast casts a step
+inside a region too, by its lists; torch's elementwise optimizers call nothing on torch's lower
+lists, so their float32 steps are the same cast or not, and only matrix optimizers differ
+(``torch.optim.Adafactor``'s ``row_var @ col_var`` in bfloat16 under ``torch.autocast("cpu")``),
+in a placement torch's AMP recipe never uses.
+
+So while a region is open, torch's global optimizer step hooks turn casting off for the step,
+as ``torch.autocast(device, enabled=False)`` would (the innermost frame's on/off state): a step
+inside a region computes what it computes outside, fails where it fails outside, and raises no
+warning for the package's own whole-script regions. A step's closure (``LBFGS``) is the user's
+forward and runs in the region as it was. Observers see nothing of the step (it is not cast).
+torch calls no hook after a step that raises: casting then stays off until the region exits,
+which the exception usually does (no frame outlives its region), or until the next step, which
+turns it back on with a warning (a loop that catches a failed step and goes on).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
+from contextvars import ContextVar
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+import torch.optim.optimizer as _optimizer
 import torch.utils.checkpoint as _checkpoint
 
 from . import _compile_guard, _engine
 
-__all__ = ["PATCHED"]
+__all__ = ["PATCHED", "HOOKS"]
 
 _real: Dict[str, Callable] = {}
 
@@ -176,6 +203,100 @@ for _getter in (is_autocast_enabled, get_autocast_dtype, _is_any_autocast_enable
 # the spellings above, and each patched name is a cost at every region's entry and exit.
 
 
+# -- optimizer steps ---------------------------------------------------------------------------
+class _Step:
+    """One optimizer step in progress in this context: the torch frame running it (``caller``,
+    the wrapper that calls the hooks), and, where it turned casting off, the innermost frame
+    before (``on``) and after (``off``; replaced when a closure runs in between)."""
+
+    __slots__ = ("caller", "on", "off")
+
+    def __init__(self, caller, on: Optional[_engine.Frame] = None, off: Optional[_engine.Frame] = None) -> None:
+        self.caller = caller
+        self.on = on
+        self.off = off
+
+    def restore(self) -> bool:
+        """Turn casting back on if this step's state is still the innermost; whether it was."""
+        if self.off is not None and _engine.innermost() is self.off:
+            _engine.replace_innermost(self.on.enabled, self.on.dtype)
+            return True
+        return False
+
+
+#: The calling context's steps in progress, innermost last.
+_STEPS: ContextVar[tuple] = ContextVar("hpu_autocast_steps", default=())
+
+
+def _running(caller) -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame is caller:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _step_pre_hook(optimizer, args: tuple, kwargs: dict):
+    # A step still listed whose torch frame is gone raised (torch calls no hook after a failed
+    # step): its casting comes back on now, if nothing has changed it since.
+    steps = _STEPS.get()
+    running = tuple(s for s in steps if _running(s.caller))
+    if len(running) < len(steps):
+        if any(s.restore() for s in reversed(steps) if s not in running):
+            warnings.warn("hpu_autocast: an optimizer step raised inside a region, and casting stayed off "
+                          "from it until this step (torch calls no hook after a step that raises); take "
+                          "optimizer steps outside the region", RuntimeWarning, stacklevel=3)
+    step = _Step(sys._getframe(1))
+    _STEPS.set(running + (step,))
+    frame = _engine.innermost()
+    if frame is None or not frame.enabled or frame.region.compiled is None:
+        return None  # nothing to turn off: no region, disable_casts, or a step inside a step
+    _engine.replace_innermost(False, frame.dtype)
+    step.on, step.off = frame, _engine.innermost()
+    # The closure (LBFGS's, any optimizer's `step(closure)`) is the user's forward: in the region.
+    if callable(kwargs.get("closure")):
+        return args, dict(kwargs, closure=_closure_in_region(kwargs["closure"], step))
+    if len(args) > 1 and callable(args[1]):
+        return (args[0], _closure_in_region(args[1], step), *args[2:]), kwargs
+    return None
+
+
+def _step_post_hook(optimizer, args: tuple, kwargs: dict) -> None:
+    steps = _STEPS.get()
+    caller = sys._getframe(1)
+    for i in range(len(steps) - 1, -1, -1):
+        if steps[i].caller is caller:
+            # Steps above it raised inside it (and it caught that): their state goes too.
+            for step in reversed(steps[i:]):
+                step.restore()
+            _STEPS.set(steps[:i])
+            return
+    # Not listed: the hooks were installed while this step ran.
+
+
+def _closure_in_region(closure: Callable, step: _Step) -> Callable:
+    def closure_in_region(*args, **kwargs):
+        if _engine.innermost() is not step.off:
+            return closure(*args, **kwargs)
+        step.restore()
+        on = _engine.innermost()
+        try:
+            return closure(*args, **kwargs)
+        finally:
+            if _engine.innermost() is on:
+                _engine.replace_innermost(False, on.dtype)
+                step.off = _engine.innermost()
+
+    return closure_in_region
+
+
+#: (register function, hook) pairs installed while a region is open.
+HOOKS = [(_optimizer.register_optimizer_step_pre_hook, _step_pre_hook),
+         (_optimizer.register_optimizer_step_post_hook, _step_post_hook)]
+_handles: list = []
+
+
 # -- installing --------------------------------------------------------------------------------
 #: (object, attribute, replacement): what is patched while a region is open.
 PATCHED: Tuple[Tuple[object, str, object], ...] = (
@@ -200,6 +321,7 @@ def _acquire() -> None:
             for owner, name, new in PATCHED:
                 _real[name] = getattr(owner, name)  # read each time: another library may patch too
                 setattr(owner, name, new)
+            _handles.extend(register(hook) for register, hook in HOOKS)
         _open += 1
 
 
@@ -210,6 +332,8 @@ def _release() -> None:
         _open -= 1
         if _open:
             return
+        while _handles:
+            _handles.pop().remove()
         for owner, name, new in PATCHED:
             if getattr(owner, name) is new:
                 setattr(owner, name, _real[name])
