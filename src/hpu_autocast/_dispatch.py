@@ -200,8 +200,10 @@ class ThreadSwitch:
 
     def sync(self, k: Keys) -> None:
         """Switch this thread's keys to match the counts. Call from the owning thread."""
-        self._saved_ops = _switch(k.ops, self.ops > 0, self._saved_ops)
-        self._saved_all = _switch(k.all, self.all > 0, self._saved_all)
+        if (self.ops > 0) is (self._saved_ops is None):
+            self._saved_ops = _switch(k.ops, self.ops > 0, self._saved_ops)
+        if (self.all > 0) is (self._saved_all is None):
+            self._saved_all = _switch(k.all, self.all > 0, self._saved_all)
 
 
 def _switch(key, on: bool, saved: Optional[tuple]) -> Optional[tuple]:

@@ -121,7 +121,7 @@ _STASH_KEY = "hpu_autocast.frame"
 def _set_frame(frame: Optional[Frame]) -> None:
     _FRAME.set(frame)
     if _stash is not None:
-        _stash(_STASH_KEY, (threading.get_ident(), frame))
+        _stash(_STASH_KEY, frame)
 
 
 def _open(frame: Optional[Frame]) -> Optional[Frame]:
@@ -134,8 +134,8 @@ def _inherited() -> Optional[Frame]:
     # Only in another thread than the frame's own: in its own thread, the context decides.
     if _has_stash is None or not _has_stash(_STASH_KEY):
         return None
-    thread, frame = _stashed(_STASH_KEY)
-    return _open(frame) if thread != threading.get_ident() else None
+    frame = _stashed(_STASH_KEY)
+    return _open(frame) if frame is not None and frame.region.thread != threading.get_ident() else None
 
 
 def innermost() -> Optional[Frame]:
@@ -198,18 +198,21 @@ def enter(region: Region) -> None:
     innermost decides, and it is restored at the exit."""
     for opened, _ in REGION_HOOKS:
         opened()
-    k = _keys()
+    k = _dispatch._keys or _keys()
     compiled = region.compiled
     if compiled is not None and region.enabled:
         if not compiled.registered:
             k.register(compiled.rules)
             compiled.registered = True
-        native = compiled.native_ops()
-        if native:
-            k.register(native)
+        if compiled.policy.native is not None:
+            native = compiled.native_ops()
+            if native:
+                k.register(native)
     if region.observes:
         k.prepare_fallback()
-    parent = innermost()
+    parent = _get_frame()
+    if parent is None or parent.region.closed:
+        parent = innermost()
     if parent is not None:
         # As torch.autocast: one cast cache for the outermost region and all nested in it.
         region.cache = parent.region.cache
@@ -222,15 +225,11 @@ def enter(region: Region) -> None:
     switch.sync(k)
     if region.observer is not None:
         region.eager = _compile_guard.observing_opened()
-    if region.compiled is not None and _native_autocast_device(region.device_type):
+    if compiled is not None and region.device_type != "meta":  # torch.autocast has no meta device
         region.native_was_on = _native_is_enabled(region.device_type)
         if region.native_was_on:
             _native_set_enabled(region.device_type, False)
     _set_frame(Frame(region, parent, region.enabled, region.dtype))
-
-
-def _native_autocast_device(device_type: str) -> bool:
-    return device_type != "meta"  # torch.autocast has no meta device
 
 
 def exit(region: Region) -> None:
@@ -253,14 +252,15 @@ def _close(region: Region) -> None:
         switch.all -= 1
     if region.owns_cache:
         region.cache.clear()
-    _compile_guard.observing_closed(region.eager)
+    if region.eager:
+        _compile_guard.observing_closed(True)
     here = threading.get_ident()
     if region.thread != here:
         raise RuntimeError(
             f"hpu_autocast: a region entered in thread {region.thread} was exited from another thread "
             f"({here}); it is closed now, but regions are per thread, like torch.autocast: exit a region "
             "in the thread that entered it")
-    switch.sync(_keys())
+    switch.sync(_dispatch._keys)
     if region.native_was_on:
         _native_set_enabled(region.device_type, True)
     frame = _get_frame()

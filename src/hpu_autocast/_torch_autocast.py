@@ -291,10 +291,12 @@ def _closure_in_region(closure: Callable, step: _Step) -> Callable:
     return closure_in_region
 
 
-#: (register function, hook) pairs installed while a region is open.
-HOOKS = [(_optimizer.register_optimizer_step_pre_hook, _step_pre_hook),
-         (_optimizer.register_optimizer_step_post_hook, _step_post_hook)]
-_handles: list = []
+#: (torch's dict of global hooks, hook) pairs installed while a region is open. The hooks go into
+#: the dicts ``register_optimizer_step_pre_hook``/``post_hook`` fill, under a key of their own:
+#: those functions build a ``RemovableHandle`` each time, a cost at every region.
+HOOKS = [(_optimizer._global_optimizer_pre_hooks, _step_pre_hook),
+         (_optimizer._global_optimizer_post_hooks, _step_post_hook)]
+_HOOK_KEY = "hpu_autocast"
 
 
 # -- installing --------------------------------------------------------------------------------
@@ -321,7 +323,8 @@ def _acquire() -> None:
             for owner, name, new in PATCHED:
                 _real[name] = getattr(owner, name)  # read each time: another library may patch too
                 setattr(owner, name, new)
-            _handles.extend(register(hook) for register, hook in HOOKS)
+            for hooks, hook in HOOKS:
+                hooks[_HOOK_KEY] = hook
         _open += 1
 
 
@@ -332,8 +335,8 @@ def _release() -> None:
         _open -= 1
         if _open:
             return
-        while _handles:
-            _handles.pop().remove()
+        for hooks, _ in HOOKS:
+            hooks.pop(_HOOK_KEY, None)
         for owner, name, new in PATCHED:
             if getattr(owner, name) is new:
                 setattr(owner, name, _real[name])
