@@ -253,8 +253,7 @@ def test_a_gru_after_an_lstm_without_onednn_trains_under_hpu():
 # on inputs cast to dtype. Presets that mirror torch (torch-cpu) leave such ops to that kernel;
 # other policies apply their own lists, which do not name them.
 
-torch.library.define("hpu_autocast_interop_test::to_f32", "(Tensor x, Tensor y) -> Tensor")
-torch.library.define("hpu_autocast_interop_test::to_bf16", "(Tensor x, Tensor y) -> Tensor")
+NS = "hpu_autocast_interop_test"
 
 
 def _mul_add(x, y):
@@ -263,18 +262,25 @@ def _mul_add(x, y):
     return torch.addcmul(torch.ones_like(x), x, y)
 
 
-torch.library.impl("hpu_autocast_interop_test::to_f32", "CompositeExplicitAutograd")(_mul_add)
-torch.library.impl("hpu_autocast_interop_test::to_bf16", "CompositeExplicitAutograd")(_mul_add)
-torch.library.register_autocast("hpu_autocast_interop_test::to_f32", "cpu", torch.float32)
-torch.library.register_autocast("hpu_autocast_interop_test::to_bf16", "cpu", torch.bfloat16)
+@pytest.fixture(scope="module")
+def lib():
+    """The custom ops, registered for this module's tests only: test_parity_ops compares torch's
+    AutocastCPU registrations with the torch-cpu preset, and these would be among them."""
+    lib = torch.library.Library(NS, "FRAGMENT")
+    for name, dtype in (("to_f32", torch.float32), ("to_bf16", torch.bfloat16)):
+        torch.library.define(f"{NS}::{name}", "(Tensor x, Tensor y) -> Tensor", lib=lib)
+        torch.library.impl(f"{NS}::{name}", "CompositeExplicitAutograd", _mul_add, lib=lib)
+        torch.library.register_autocast(f"{NS}::{name}", "cpu", dtype, lib=lib)
 
+    @torch.library.custom_op(f"{NS}::custom_bf16", mutates_args=())
+    def custom_bf16(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return _mul_add(x, y)
 
-@torch.library.custom_op("hpu_autocast_interop_test::custom_bf16", mutates_args=())
-def _custom_bf16(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return _mul_add(x, y)
+    custom_bf16.register_autocast("cpu", torch.bfloat16)  # the custom_op spelling
+    yield lib
+    lib._destroy()
+    custom_bf16._lib._destroy()
 
-
-_custom_bf16.register_autocast("cpu", torch.bfloat16)  # the custom_op spelling
 
 OPS = torch.ops.hpu_autocast_interop_test
 
@@ -285,7 +291,7 @@ def _custom_calls() -> list:
     return [OPS.to_f32(x.bfloat16(), y.bfloat16()), OPS.to_bf16(x, y), OPS.custom_bf16(x, y)]
 
 
-def test_register_autocast_ops_under_torch_cpu_match_native():
+def test_register_autocast_ops_under_torch_cpu_match_native(lib):
     # Failed with Policy.native dropped from torch-cpu: the ops ran uncast (bfloat16, float32, float32).
     plain = _custom_calls()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -297,7 +303,7 @@ def test_register_autocast_ops_under_torch_cpu_match_native():
     assert all(_same(x, y) for x, y in zip(ours, native))
 
 
-def test_register_autocast_ops_under_a_policy_that_does_not_mirror_torch_run_uncast():
+def test_register_autocast_ops_under_a_policy_that_does_not_mirror_torch_run_uncast(lib):
     plain = _custom_calls()
     with HpuAutocastMode(policy="hpu"):
         ours = _custom_calls()
@@ -307,14 +313,14 @@ def test_register_autocast_ops_under_a_policy_that_does_not_mirror_torch_run_unc
 @pytest.mark.xfail(strict=True, reason="known bug: a kernel that torch-cpu registered for an op stays for every "
                    "policy, and one with no rule for the op runs it with the ops key excluded, so the calls "
                    "the op makes are no longer cast (MultiheadAttention's fast path under hpu, too)")
-def test_an_op_only_torch_cpu_names_is_passed_on_as_if_it_had_no_kernel():
+def test_an_op_only_torch_cpu_names_is_passed_on_as_if_it_had_no_kernel(lib):
     # An op on no list of hpu's: its body's mul (on Gaudi's lower list) is cast by the region, as
     # a fallthrough lets it. Once a torch-cpu region has taken the op on (its register_autocast
     # kernel), the engine's kernel for it is there in hpu regions too, and hides the body.
-    name = "hpu_autocast_interop_test::fresh"
-    torch.library.define(name, "(Tensor x, Tensor y) -> Tensor")
-    torch.library.impl(name, "CompositeExplicitAutograd")(lambda x, y: torch.mul(x, y))
-    torch.library.register_autocast(name, "cpu", torch.float32)
+    name = f"{NS}::fresh"
+    torch.library.define(name, "(Tensor x, Tensor y) -> Tensor", lib=lib)
+    torch.library.impl(name, "CompositeExplicitAutograd", lambda x, y: torch.mul(x, y), lib=lib)
+    torch.library.register_autocast(name, "cpu", torch.float32, lib=lib)
     x, y = torch.randn(4), torch.randn(4)
     with HpuAutocastMode(policy="hpu"):
         before = OPS.fresh(x, y)
@@ -326,28 +332,28 @@ def test_an_op_only_torch_cpu_names_is_passed_on_as_if_it_had_no_kernel():
     assert _same(after, before)  # fails: float32
 
 
-def test_a_custom_op_on_a_policy_list_follows_the_list():
+def test_a_custom_op_on_a_policy_list_follows_the_list(lib):
     # A list entry wins over the op's registered autocast kernel, under a preset mirroring torch
     # too; under hpu the op is cast like an aten op.
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(8, generator=g), torch.randn(8, generator=g)
-    with HpuAutocastMode(policy=with_lists(get_preset("torch-cpu"), fp32=["hpu_autocast_interop_test::to_bf16"])):
+    with HpuAutocastMode(policy=with_lists(get_preset("torch-cpu"), fp32=[f"{NS}::to_bf16"])):
         kept = OPS.to_bf16(x.bfloat16(), y.bfloat16())  # its own kernel would keep bfloat16
-    with HpuAutocastMode(policy=with_lists(get_preset("hpu"), lower=["hpu_autocast_interop_test::to_f32"])):
+    with HpuAutocastMode(policy=with_lists(get_preset("hpu"), lower=[f"{NS}::to_f32"])):
         lowered = OPS.to_f32(x, y)
     assert _same(kept, _mul_add(x.bfloat16().float(), y.bfloat16().float()))
     assert _same(lowered, _mul_add(x.bfloat16(), y.bfloat16()))
 
 
-def test_an_op_registered_after_a_region_opened_is_honoured_by_the_next():
+def test_an_op_registered_after_a_region_opened_is_honoured_by_the_next(lib):
     # torch-cpu's native ops are looked up as regions open, again when torch.library has new
     # registrations. Failed with the lookup done once per policy: the op ran uncast.
-    torch.library.define("hpu_autocast_interop_test::late", "(Tensor x) -> Tensor")
-    torch.library.impl("hpu_autocast_interop_test::late", "CompositeExplicitAutograd")(lambda x: x + 1)
+    torch.library.define(f"{NS}::late", "(Tensor x) -> Tensor", lib=lib)
+    torch.library.impl(f"{NS}::late", "CompositeExplicitAutograd", lambda x: x + 1, lib=lib)
     x = torch.randn(4)
     with HpuAutocastMode(policy="torch-cpu"):
         before = OPS.late(x)
-    torch.library.register_autocast("hpu_autocast_interop_test::late", "cpu", torch.bfloat16)
+    torch.library.register_autocast(f"{NS}::late", "cpu", torch.bfloat16, lib=lib)
     with HpuAutocastMode(policy="torch-cpu"):
         after = OPS.late(x)
     assert (before.dtype, after.dtype) == (torch.float32, torch.bfloat16)
