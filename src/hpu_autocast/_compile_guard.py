@@ -84,6 +84,7 @@ def install() -> None:
 # their original code, under the region, and the observer sees each call. The stance is
 # process-wide (torch has no per-thread one), counted across threads and restored when the last
 # observing region exits. Nothing is done when Dynamo is not loaded: nothing compiled exists.
+# The warning is given once, at the first observing region opened after Dynamo compiled a frame.
 _lock = threading.Lock()
 _observing = 0
 _restore = None
@@ -104,13 +105,23 @@ def observing_opened() -> bool:
                 _restore = set_stance("force_eager")
             except Exception:  # entered inside a compiled frame: torch forbids changing the stance
                 return False
-            if not _warned:  # once a process: a training loop opens a region per step
+            if not _warned and _compiled_anything():  # once a process: a loop opens a region per step
                 _warned = True
                 warnings.warn("hpu_autocast: compiled code runs eagerly while a region with an observer "
                               "(record=True, verbose=True, observer=...) is open, so the observer sees each call",
                               UserWarning, stacklevel=4)
         _observing += 1
         return True
+
+
+def _compiled_anything() -> bool:
+    """Whether Dynamo has compiled a frame in this process: the warning above concerns compiled
+    code, and Dynamo is loaded without any (``torch.optim``'s optimizers import it)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - a torch without the counters: warn, as before
+        return True
+    return counters["frames"]["total"] > 0
 
 
 def observing_closed(counted: bool) -> None:
