@@ -13,7 +13,7 @@ another region fails it and is traced again (once per distinct region state, the
 
 Only Dynamo's internals offer this (``install_guard``, ``AttrSource``, ``ImportSource``,
 ``GuardBuilder.EQUALS_MATCH``); where a torch lacks them nothing is installed and a frame
-compiled under one policy would keep its casts under another (``supported()`` says which).
+compiled under one policy would keep its casts under another.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-__all__ = ["tracing", "install", "supported", "observing_opened", "observing_closed"]
+__all__ = ["tracing", "install", "observing_opened", "observing_closed"]
 
 _PACKAGE = "hpu_autocast"
 
@@ -49,16 +49,6 @@ def _package_source():
         tx = InstructionTranslator.current_tx()
         return tx.import_source(_PACKAGE) if tx is not None else None
     return ImportSource(_PACKAGE)
-
-
-def supported() -> bool:
-    """Whether this torch lets the engine guard compiled frames on the region's policy."""
-    try:
-        from torch._dynamo.guards import GuardBuilder, install_guard  # noqa: F401
-        from torch._dynamo.source import AttrSource  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(GuardBuilder, "EQUALS_MATCH")
 
 
 def install() -> None:
