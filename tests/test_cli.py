@@ -1,4 +1,4 @@
-"""The command line: policy, check, diff, docs (and report, in test_report_cli)."""
+"""The command line: policy, check, diff, docs (and report, in internal/test_report_cli)."""
 
 from __future__ import annotations
 
