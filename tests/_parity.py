@@ -1,12 +1,13 @@
-"""Helpers for the torch-cpu parity tests (``test_parity_ops.py``, ``test_parity_models.py``).
+"""Helpers for the torch-cpu parity tests (``internal/test_parity_ops.py``, ``test_parity_models.py``).
 
 ``ATEN[packet]()`` returns ``{overload name: (args, kwargs)}``: small, valid float32 (or
 integer) inputs for calling each overload of ``torch.ops.aten.<packet>`` directly, built from a
 fixed seed so two builds are equal. The public-function level (``torch.mm``, ``F.conv2d``,
-``F.cross_entropy``) uses the shared table of ``tests/_samples.py``.
+``F.cross_entropy``) uses the shared table of ``tests/_samples.py``, whose input makers and
+generator these builders use too.
 
-``run`` calls once and returns ``(result, exception type)``; ``same`` is the bit-for-bit,
-NaN-aware comparison of two results (structure, types, dtypes, shapes, values).
+``run`` calls once and returns ``(result, exception type)``; ``differences`` lists where two
+results differ, bit for bit and NaN-aware (structure, types, dtypes, shapes, values).
 """
 
 from __future__ import annotations
@@ -19,21 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
+from _samples import _gen, _grid as grid, idx, pos, r, spd  # one generator, one set of input makers
+
 Call = Tuple[tuple, dict]
-
-_gen = torch.Generator()
-
-
-def r(*shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=_gen)
-
-
-def pos(*shape: int) -> torch.Tensor:
-    return torch.rand(*shape, generator=_gen) + 0.5
-
-
-def unit(*shape: int) -> torch.Tensor:
-    return torch.rand(*shape, generator=_gen) * 1.6 - 0.8
 
 
 def prob(*shape: int) -> torch.Tensor:
@@ -44,21 +33,8 @@ def sign(*shape: int) -> torch.Tensor:
     return torch.sign(r(*shape))
 
 
-def spd(n: int = 3) -> torch.Tensor:
-    a = r(n, n)
-    return a @ a.T + n * torch.eye(n)
-
-
 def chol(n: int = 3) -> torch.Tensor:
     return torch.linalg.cholesky(spd(n))
-
-
-def idx(high: int, *shape: int) -> torch.Tensor:
-    return torch.randint(0, high, shape, generator=_gen)
-
-
-def grid(dims: int) -> torch.Tensor:
-    return unit(1, *([3] * dims), dims)
 
 
 def c(*args, **kwargs) -> Call:

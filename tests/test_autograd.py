@@ -376,8 +376,9 @@ def test_iadd_on_a_promote_list_against_a_hand_cast_control():
     _assert_same(run(HpuAutocastMode(policy=policy), None), run(_NoMode(), _to_bf16))
 
 
-# Calls the function level has no rule for, whose listed insides the dispatch level casts below
-# autograd (the bridge recasts their saved tensors): under hpu, against hand-cast controls.
+# Calls with no rule of their own whose listed insides are cast where they are called (a composite
+# on no list decomposes, and the kernels see its insides, above autograd): under hpu, against
+# hand-cast controls.
 DISPATCH_LEVEL = {
     "einsum": (lambda x, w: torch.einsum("bij,jk->bik", x, w),
                lambda x, w: torch.einsum("bij,jk->bik", x.to(BF), w.to(BF))),

@@ -6,6 +6,8 @@ A backend that records the AOT forward graph and counts compilations stands in f
 is run once for the backend pass-through.
 """
 
+import os
+import pathlib
 import subprocess
 import sys
 import warnings
@@ -16,6 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hpu_autocast import HpuAutocastMode, disable_casts
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _CAST = torch.ops.aten._to_copy.default
 
@@ -200,3 +204,25 @@ def test_the_first_region_does_not_import_dynamo():
             "print('torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_eager_warning_comes_once_something_was_compiled():
+    # torch.optim imports Dynamo with nothing compiled: an observing region then warns of nothing.
+    # Once a frame was compiled, the first observing region says compiled code runs eagerly.
+    code = ("import torch, warnings, hpu_autocast\n"
+            "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+            "def observe():\n"
+            "    with warnings.catch_warnings(record=True) as seen:\n"
+            "        warnings.simplefilter('always')\n"
+            "        with hpu_autocast.HpuAutocastMode(policy='torch-cpu', observer=lambda e: None):\n"
+            "            pass\n"
+            "    return [str(w.message) for w in seen]\n"
+            "print(observe())\n"
+            "torch.compile(lambda x: x * 2, backend='eager')(torch.ones(2))\n"
+            "print(observe())\n"
+            "print(observe())\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    first, second, third = out.splitlines()
+    assert first == "[]" and third == "[]"
+    assert "compiled code runs eagerly" in second

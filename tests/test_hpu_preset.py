@@ -40,8 +40,7 @@ def _seed_lists():
 
 LOWER, FP32, PROMOTE = _seed_lists()
 
-#: The path torch < 2.13 takes (no redispatch_function; HPU_AUTOCAST_NO_REDISPATCH=1 forces it):
-#: Python wrappers such as F.leaky_relu are matched by name at the wrapper.
+#: The lower list's norms, input-only under ``hpu`` (weight and bias keep float32): tested apart.
 NORMS = {"batch_norm", "group_norm", "instance_norm", "layer_norm"}
 
 

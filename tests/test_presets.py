@@ -18,7 +18,6 @@ from _seeds import seed_text
 from hpu_autocast import CastPolicy, HpuAutocastMode, get_preset, resolve
 from hpu_autocast.presets import gaudi_hmp as hmp_data
 from hpu_autocast.presets import torch_amp_cpu as cpu_data
-from hpu_autocast.presets import torch_amp_cuda as cuda_data
 from hpu_autocast.presets import xpu_amp as xpu_data
 
 def _names(text: str):
@@ -103,23 +102,6 @@ def test_xpu_lists_are_seed_002s():
     policy = get_preset("xpu")
     assert set(policy.ops(CastPolicy.LOWER)) == _ops(expected)
     assert set(policy.missing) <= {"_convolution_nogroup", "frobenius_norm", "_thnn_fused_gru_cell"}
-
-
-def test_torch_cuda_lists_are_seed_003s():
-    lower, fp32, promote = torch_doc_lists("cuda")
-    assert cuda_data.LOWER == lower and cuda_data.FP32 == fp32 and cuda_data.PROMOTE == promote
-    policy = get_preset("torch-cuda")
-    # Of each name, what torch registers for AutocastCUDA (and composite entries); plus what it
-    # registers beyond the document (test_drift checks those against native where CUDA is).
-    from hpu_autocast._ops import has_kernel, is_composite
-
-    def kept(names):
-        return {op for op in _ops(names) if has_kernel(op, "AutocastCUDA") or is_composite(op)}
-
-    assert set(policy.ops(CastPolicy.LOWER)) == kept(lower + cuda_data.REGISTERED_LOWER)
-    assert set(policy.ops(CastPolicy.FP32)) == kept(fp32 + cuda_data.REGISTERED_FP32)
-    assert torch.ops.aten.div.Tensor not in policy.table  # __rdiv__ is reciprocal(self) * other
-    assert torch.ops.aten.reciprocal.default in policy.table
 
 
 def test_torch_cpu_lists_are_seed_003s():

@@ -5,7 +5,37 @@
     ...     y = torch.mm(torch.randn(2, 2), torch.randn(2, 2))
     >>> y.dtype
     torch.bfloat16
+
+The public names (``__all__``), by what they are for:
+
+* the region: ``HpuAutocastMode``, ``disable_casts``; inside one, ``is_enabled``, ``get_dtype``,
+  ``get_policy``;
+* policies: ``Policy``, ``CastPolicy``, ``get_preset``, ``preset_names``, ``build_policy``,
+  ``with_lists``, ``resolve``, ``PolicyError``;
+* what ran: ``record``, ``Recorder``, ``PrecisionReport``, ``Event`` (and the ``events`` module),
+  ``op_graph``, ``compare``, ``Comparison``, ``trace``, ``cast_nodes``;
+* training: ``custom_fwd``, ``custom_bwd`` (the ``amp`` module);
+* the modules ``hmp`` (a drop-in for Habana Mixed Precision), ``hpu`` (Gaudi glue) and
+  ``report``.
+
+``hpu_autocast.testing`` (checking a model against its policy) and ``hpu_autocast.cli`` (the
+``hpu-autocast`` command) are imported on their own. No name here is also the name of a submodule
+unless it is that submodule (``tests/test_public_api.py``).
 """
+
+import sys as _sys
+import warnings as _warnings
+
+if "torch" not in _sys.modules:
+    # Note: torch's own import asks for NumPy (its FunctionalTensor class body converts a tensor
+    # device) and, where NumPy is not installed, prints "UserWarning: Failed to initialize
+    # NumPy" from C++. This package never uses NumPy, and torch runs without it, so the first
+    # import of torch made here (every `hpu-autocast` command, a script that imports this
+    # package first) hides that one message, and nothing else. A process that imported torch
+    # before has seen it already.
+    with _warnings.catch_warnings():
+        _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+        __import__("torch")
 
 from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
@@ -21,35 +51,40 @@ from .presets import get_preset, preset_names
 from .report import PrecisionReport, Recorder
 
 __all__ = [
+    # the region
     "HpuAutocastMode",
-    "CastPolicy",
-    "Comparison",
-    "Event",
-    "PrecisionReport",
-    "Recorder",
-    "Policy",
-    "PolicyError",
-    "amp",
-    "build_policy",
-    "cast_nodes",
-    "compare",
-    "custom_bwd",
-    "custom_fwd",
     "disable_casts",
-    "events",
+    "is_enabled",
     "get_dtype",
     "get_policy",
+    # policies
+    "Policy",
+    "CastPolicy",
     "get_preset",
+    "preset_names",
+    "build_policy",
+    "with_lists",
+    "resolve",
+    "PolicyError",
+    # what ran
+    "record",
+    "Recorder",
+    "PrecisionReport",
+    "Event",
+    "events",
+    "op_graph",
+    "compare",
+    "Comparison",
+    "trace",
+    "cast_nodes",
+    # training
+    "custom_fwd",
+    "custom_bwd",
+    "amp",
+    # drop-ins and device glue
     "hmp",
     "hpu",
-    "is_enabled",
-    "op_graph",
-    "preset_names",
-    "record",
     "report",
-    "resolve",
-    "trace",
-    "with_lists",
 ]
 
 __version__ = "0.1.0"

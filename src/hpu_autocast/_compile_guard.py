@@ -13,7 +13,7 @@ another region fails it and is traced again (once per distinct region state, the
 
 Only Dynamo's internals offer this (``install_guard``, ``AttrSource``, ``ImportSource``,
 ``GuardBuilder.EQUALS_MATCH``); where a torch lacks them nothing is installed and a frame
-compiled under one policy would keep its casts under another (``supported()`` says which).
+compiled under one policy would keep its casts under another.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-__all__ = ["tracing", "install", "supported", "observing_opened", "observing_closed"]
+__all__ = ["tracing", "install", "observing_opened", "observing_closed"]
 
 _PACKAGE = "hpu_autocast"
 
@@ -51,16 +51,6 @@ def _package_source():
     return ImportSource(_PACKAGE)
 
 
-def supported() -> bool:
-    """Whether this torch lets the engine guard compiled frames on the region's policy."""
-    try:
-        from torch._dynamo.guards import GuardBuilder, install_guard  # noqa: F401
-        from torch._dynamo.source import AttrSource  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(GuardBuilder, "EQUALS_MATCH")
-
-
 def install() -> None:
     """Guard the frame Dynamo is tracing on the innermost region's state (idempotent: Dynamo's
     guard set deduplicates equal guards)."""
@@ -84,6 +74,7 @@ def install() -> None:
 # their original code, under the region, and the observer sees each call. The stance is
 # process-wide (torch has no per-thread one), counted across threads and restored when the last
 # observing region exits. Nothing is done when Dynamo is not loaded: nothing compiled exists.
+# The warning is given once, at the first observing region opened after Dynamo compiled a frame.
 _lock = threading.Lock()
 _observing = 0
 _restore = None
@@ -104,13 +95,23 @@ def observing_opened() -> bool:
                 _restore = set_stance("force_eager")
             except Exception:  # entered inside a compiled frame: torch forbids changing the stance
                 return False
-            if not _warned:  # once a process: a training loop opens a region per step
+            if not _warned and _compiled_anything():  # once a process: a loop opens a region per step
                 _warned = True
                 warnings.warn("hpu_autocast: compiled code runs eagerly while a region with an observer "
                               "(record=True, verbose=True, observer=...) is open, so the observer sees each call",
                               UserWarning, stacklevel=4)
         _observing += 1
         return True
+
+
+def _compiled_anything() -> bool:
+    """Whether Dynamo has compiled a frame in this process: the warning above concerns compiled
+    code, and Dynamo is loaded without any (``torch.optim``'s optimizers import it)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - a torch without the counters: warn, as before
+        return True
+    return counters["frames"]["total"] > 0
 
 
 def observing_closed(counted: bool) -> None:

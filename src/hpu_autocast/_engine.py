@@ -140,8 +140,8 @@ def _inherited() -> Optional[Frame]:
 
 def innermost() -> Optional[Frame]:
     """The calling context's innermost frame of an open region, or ``None``. The one accessor of
-    the engine's state: the mode's queries, ``amp``, ``checkpoint`` and the torch-autocast
-    interplay all ask this."""
+    the engine's state: the mode's queries, ``amp``, ``testing`` and the torch-autocast
+    interplay (checkpointing and optimizer steps included) all ask this, through ``current()``."""
     frame = _get_frame()
     if frame is None:
         return _inherited()

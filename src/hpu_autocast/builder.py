@@ -277,7 +277,7 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
 
 # [Note: the registry hands in its lookup]
 # hpu_autocast.presets builds its policies with this module, so this module may not import it
-# back, not even inside a function (tests/test_import_graph.py keeps the package free of
+# back, not even inside a function (tests/internal/test_import_graph.py keeps the package free of
 # cycles). A preset *name* given here is looked up with the function the registry installs
 # when it is imported; `import hpu_autocast` imports it before anything can be called.
 _preset_lookup: Optional[Callable[[str], Policy]] = None

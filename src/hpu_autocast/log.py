@@ -6,8 +6,9 @@
 
 Each line reads ``overload  decision  input dtypes -> compute dtype``. The decision is the
 policy's ``lower``/``fp32``/``promote``/``first`` (``first (unlisted)`` or ``first (in-place)``
-when the rule is the policy's default for ops on no list, HMP's), ``not listed``, or
-``ineligible: <why>`` (``explicit dtype``, ``float64``). Which calls make a line is the engine's
+when the rule is the policy's default for ops on no list, HMP's), ``not listed``, ``native``
+(left to native autocast's kernel), or ``ineligible: <why>`` (``explicit dtype``, ``float64``,
+``disabled``). Which calls make a line is the engine's
 choice, documented in ``events.py``: the log formats events and decides nothing.
 """
 

@@ -16,15 +16,10 @@ from .log import combine_observers, make_log_observer
 from .policy import Policy
 from .report import Recorder
 
-__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "device_types", "record"]
+__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "record"]
 
 #: The device types a region may cast for (``torch.autocast``'s, and ``meta`` for shape work).
 _DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia", "meta")
-
-
-def device_types() -> tuple:
-    """The device types a region accepts as ``device_type``."""
-    return _DEVICE_TYPES
 
 
 def _default_device(policy: Optional[Policy]) -> str:

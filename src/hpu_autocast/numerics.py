@@ -13,7 +13,7 @@ an optimizer step) runs twice, so pass one without such side effects (``model.ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import torch
 from torch.utils._pytree import tree_flatten_with_path, keystr

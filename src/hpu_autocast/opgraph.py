@@ -5,15 +5,15 @@ HMP's advice (seed 001) was to draw the autograd graph with torchviz and look fo
 engine, including the ``_to_copy`` casts the engine inserted (filled red) and the ops that
 computed in a lower-precision dtype (filled blue). Render with ``dot -Tsvg graph.dot``.
 
-[Note: where the graph mode sits] ``_GraphMode`` is entered *before* the autocast region, so
-it sits below the engine's dispatch mode on the mode stack and sees each call after the engine
-has cast its inputs: composites the function level handled arrive decomposed (``linear`` as
-``t`` and ``addmm``), with their casts in front of them.
+[Note: where the graph mode sits] ``_GraphMode`` is a ``TorchDispatchMode``: it sees ATen calls
+below autograd, after the engine's kernels (on an autocast dispatch key, above autograd) have
+cast their inputs, so each cast arrives as an ``aten._to_copy`` call in front of the op that uses
+it, and composites arrive decomposed (``linear`` as ``t`` and ``addmm``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -32,8 +32,10 @@ class CastPolicy(enum.Enum):
     LOWER = "lower"
     #: Every eligible tensor input is cast to float32; the op computes in float32.
     FP32 = "fp32"
-    #: Every eligible tensor input is cast to the widest floating dtype among them
-    #: (``torch.promote_types``); if they already agree, nothing is cast.
+    #: Every eligible tensor input is cast to the widest floating dtype among them: float32 if
+    #: any is float32, else the region's dtype; if they already agree, nothing is cast. Another
+    #: lower dtype (a bfloat16 input in a float16 region) raises ``rules.PromoteError``, as
+    #: native autocast does.
     PROMOTE = "promote"
     #: Every eligible tensor input is cast to the dtype of the first eligible tensor input.
     #: Given to in-place ops on a promote list (their output is their first input, whose dtype

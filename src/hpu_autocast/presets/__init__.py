@@ -67,6 +67,7 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
 
 
 def preset_names() -> List[str]:
+    """The names ``get_preset`` and ``HpuAutocastMode(policy=...)`` accept, sorted."""
     return sorted(PRESETS)
 
 

@@ -41,7 +41,7 @@ PROMOTE = [
 ]
 
 #: Registered by torch for AutocastCUDA although the docs do not list them, with the category
-#: native autocast gives each (probed on an H100 with torch 2.11: tests/test_drift.py checks it
+#: native autocast gives each (probed on an H100 with torch 2.11: tests/internal/test_drift.py checks it
 #: wherever CUDA is present). torch.norm and F.normalize reach linalg_vector_norm, not norm.
 REGISTERED_LOWER = [
     "_convolution", "convolution", "conv_tbc", "cudnn_convolution", "cudnn_convolution_transpose",

@@ -18,9 +18,8 @@ docs/testing.md has the long form.
 
 from __future__ import annotations
 
-from ._check import (DISABLED, EXPLICIT, FLOAT64, INF_NAN, INTEGER, LOWER_INPUTS, OWN_CAST, WHYS, WRITE_CAST,
-                     WRITE_EXTRA, WRITE_LOST, Deviation, Deviations, Kind, PolicyViolation, Watch,
-                     assert_follows_policy, check_policy, watch_policy)
+from ._check import (WHYS, Deviation, Deviations, Kind, PolicyViolation, Watch, assert_follows_policy,
+                     check_policy, watch_policy)
 
 for _cls in (Deviation, Deviations, Kind, PolicyViolation, Watch):
     _cls.__module__ = __name__  # shown as hpu_autocast.testing.PolicyViolation in a failure

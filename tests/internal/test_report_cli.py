@@ -12,7 +12,7 @@ import pytest
 
 from hpu_autocast import _report_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "examples" / "report_demo.py")
 
 # The demo's training step, one step (see docs/report.md for the reading of each row).

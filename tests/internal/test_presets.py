@@ -1,0 +1,28 @@
+"""The torch-cuda preset against seed 003, with what torch registers for ``AutocastCUDA``
+(``hpu_autocast._ops``)."""
+
+from __future__ import annotations
+
+import torch
+
+from hpu_autocast import CastPolicy, get_preset
+from hpu_autocast.presets import torch_amp_cuda as cuda_data
+from test_presets import _ops, torch_doc_lists
+
+
+def test_torch_cuda_lists_are_seed_003s():
+    lower, fp32, promote = torch_doc_lists("cuda")
+    assert cuda_data.LOWER == lower and cuda_data.FP32 == fp32 and cuda_data.PROMOTE == promote
+    policy = get_preset("torch-cuda")
+    # Of each name, what torch registers for AutocastCUDA (and composite entries); plus what it
+    # registers beyond the document (test_drift checks those against native where CUDA is).
+    from hpu_autocast._ops import has_kernel, is_composite
+
+    def kept(names):
+        return {op for op in _ops(names) if has_kernel(op, "AutocastCUDA") or is_composite(op)}
+
+    assert set(policy.ops(CastPolicy.LOWER)) == kept(lower + cuda_data.REGISTERED_LOWER)
+    assert set(policy.ops(CastPolicy.FP32)) == kept(fp32 + cuda_data.REGISTERED_FP32)
+    assert torch.ops.aten.div.Tensor not in policy.table  # __rdiv__ is reciprocal(self) * other
+    assert torch.ops.aten.reciprocal.default in policy.table
+
