@@ -382,14 +382,22 @@ def _transformers_adafactor(params):
     return optimization.Adafactor(params, lr=1e-2, relative_step=False, scale_parameter=False)
 
 
+def _torch_adafactor(foreach):
+    def make(params):
+        if not hasattr(torch.optim, "Adafactor"):  # new in torch 2.5
+            pytest.skip("this torch has no torch.optim.Adafactor")
+        return torch.optim.Adafactor(params, foreach=foreach)
+    return make
+
+
 _OPTIMIZERS = {
     "SGD": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "SGD-foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
     "Adam-fused": lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
     "AdamW-foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
     "Adadelta": lambda p: torch.optim.Adadelta(p),
-    "Adafactor": lambda p: torch.optim.Adafactor(p, foreach=False),
-    "Adafactor-foreach": lambda p: torch.optim.Adafactor(p, foreach=True),
+    "Adafactor": _torch_adafactor(foreach=False),
+    "Adafactor-foreach": _torch_adafactor(foreach=True),
     "transformers-Adafactor": _transformers_adafactor,
 }
 
