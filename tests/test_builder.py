@@ -270,7 +270,9 @@ def test_names_gaudi_ignores(fresh_warnings, tmp_path, name, why, hint):
     assert [str(w.message) for w in record] == [
         f"{name!r} ({path}, line 2) on the lower list has no effect under policy 'hpu', as on Gaudi: {why}{hint}"]
     assert policy.ignored[-1] == (name, "lower", why)
-    assert policy.table[MM] is CastPolicy.LOWER and len(policy.ops(CastPolicy.LOWER)) == 2  # mm.default, mm.dtype
+    # mm.default, and mm.dtype where this torch has it (2.9 and 2.13 do, 2.4 and 2.6 do not)
+    mm = {getattr(torch.ops.aten.mm, o) for o in ("default", "dtype") if o in torch.ops.aten.mm.overloads()}
+    assert policy.table[MM] is CastPolicy.LOWER and set(policy.ops(CastPolicy.LOWER)) == mm
 
 
 def test_an_env_list_file_warns_when_the_mode_is_created(fresh_warnings, tmp_path, monkeypatch):

@@ -292,6 +292,14 @@ def test_encoder_eval_forward_matches_native():
     ours, native, x = _pair("encoder")
     layer, ref_layer = ours.layer.eval(), native.layer.eval()
     with torch.no_grad():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_addmm_activation", "AutocastCPU"):
+            # torch 2.4's CPU autocast has no kernel for the fast path's feed-forward
+            # (_addmm_activation): native fails it, and so does ours, as torch-cpu mirrors it.
+            with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(RuntimeError, match="same dtype"):
+                ref_layer(x)
+            with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"), pytest.raises(RuntimeError, match="same dtype"):
+                layer(x)
+            pytest.skip("torch's CPU autocast fails the fused encoder path here (no _addmm_activation kernel)")
         with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
             out = layer(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):

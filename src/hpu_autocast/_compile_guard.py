@@ -11,9 +11,10 @@ the first kernel that runs installs one guard on ``hpu_autocast._engine.GUARD.to
 property that describes the calling context's innermost region; a compiled frame called under
 another region fails it and is traced again (once per distinct region state, then cached).
 
-Only Dynamo's internals offer this (``install_guard``, ``AttrSource``, ``ImportSource``,
-``GuardBuilder.EQUALS_MATCH``); where a torch lacks them nothing is installed and a frame
-compiled under one policy would keep its casts under another.
+Only Dynamo's internals offer this (``install_guard``, ``AttrSource``, ``GuardBuilder.EQUALS_MATCH``,
+and a source for the package: ``ImportSource`` from torch 2.13, the tracing frame's
+``import_source`` before); where a torch lacks them nothing is installed and a frame compiled
+under one policy would keep its casts under another.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def _package_source():
     except ImportError:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
-        tx = InstructionTranslator.current_tx()
+        try:
+            tx = InstructionTranslator.current_tx()
+        except AttributeError:  # torch < 2.13 reads a thread-local never set where Dynamo has not traced
+            return None
         return tx.import_source(_PACKAGE) if tx is not None else None
     return ImportSource(_PACKAGE)
 
@@ -73,7 +77,8 @@ def install() -> None:
 # region with an observer is open, the compiler's stance is "force_eager": compiled callables run
 # their original code, under the region, and the observer sees each call. The stance is
 # process-wide (torch has no per-thread one), counted across threads and restored when the last
-# observing region exits. Nothing is done when Dynamo is not loaded: nothing compiled exists.
+# observing region exits (torch before 2.6 has no stance: a patch does the same, ``_ForceEager``).
+# Nothing is done when Dynamo is not loaded: nothing compiled exists.
 # The warning is given once, at the first observing region opened after Dynamo compiled a frame.
 _lock = threading.Lock()
 _observing = 0
@@ -86,9 +91,7 @@ def observing_opened() -> bool:
     global _observing, _restore, _warned
     if "torch._dynamo" not in sys.modules:
         return False
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:  # torch < 2.6
-        return False
+    set_stance = getattr(torch.compiler, "set_stance", None) or _ForceEager  # torch < 2.6: no set_stance
     with _lock:
         if _observing == 0:
             try:
@@ -112,6 +115,30 @@ def _compiled_anything() -> bool:
     except ImportError:  # pragma: no cover - a torch without the counters: warn, as before
         return True
     return counters["frames"]["total"] > 0
+
+
+class _ForceEager:
+    """torch before 2.6 has no ``torch.compiler.set_stance``; its "force_eager" stance hands each
+    compiled callable's wrapper no frame callback (``None``: Python runs the original code), and
+    this does the same by patching the ``set_eval_frame`` those wrappers call, until ``__exit__``
+    puts the original back. As ``set_stance`` does, it refuses inside a compiled frame. (A
+    wrapper restoring a callback it saw before the patch, in a thread already inside a compiled
+    frame, restores none: its frame's later calls run eagerly too, until it returns.)"""
+
+    def __init__(self, stance: str) -> None:
+        assert stance == "force_eager"
+        from torch._dynamo import eval_frame
+
+        original = eval_frame.set_eval_frame
+        current = original(None)
+        original(current)
+        if current not in (None, False):
+            raise RuntimeError("attempted to force eager inside a compiled frame")
+        self._module, self._original = eval_frame, original
+        eval_frame.set_eval_frame = lambda callback: original(None)
+
+    def __exit__(self, *exc) -> None:
+        self._module.set_eval_frame = self._original
 
 
 def observing_closed(counted: bool) -> None:

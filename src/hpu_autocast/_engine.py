@@ -25,7 +25,9 @@ generator closed late, an exit out of order), so an exit never leaves casting on
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import sys
 import threading
 import weakref
 from operator import attrgetter
@@ -118,9 +120,37 @@ _has_stash = getattr(torch._C, "_is_key_in_tls", None)
 _STASH_KEY = "hpu_autocast.frame"
 
 
+def _stash_steals() -> bool:
+    """Whether ``_stash_obj_in_tls`` keeps the object without a reference of its own: torch before
+    2.13 wraps the borrowed pointer in a ``SafePyObject``, which releases a reference when it is
+    replaced or its thread ends, so each object stashed must be given one (else a stashed frame,
+    or ``None``, is freed while still in use). Probed once, on a fresh object; the probe leaves
+    ``None`` stashed in the importing thread, which reads as "nothing inherited"."""
+    if _stash is None:
+        return False
+    probe = object()
+    before = sys.getrefcount(probe)
+    _stash(_STASH_KEY, probe)
+    steals = sys.getrefcount(probe) == before
+    if steals:
+        _incref(probe)  # the reference the stash drops when None replaces the probe, below
+        _incref(None)
+    _stash(_STASH_KEY, None)
+    return steals
+
+
+def _incref(obj: object) -> None:
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+_STASH_STEALS = _stash_steals()
+
+
 def _set_frame(frame: Optional[Frame]) -> None:
     _FRAME.set(frame)
     if _stash is not None:
+        if _STASH_STEALS:
+            _incref(frame)
         _stash(_STASH_KEY, frame)
 
 

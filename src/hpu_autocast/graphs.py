@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import inspect
 import types
 from typing import Any, Callable, Dict, List
@@ -84,8 +85,17 @@ def trace(fn: Callable, *example_inputs: Any, dtype: torch.dtype = torch.bfloat1
         traced = functools.wraps(fn)(traced)
     gm = make_fx(traced, tracing_mode=tracing_mode)(*example_inputs)
     if isinstance(fn, torch.nn.Module):
+        _drop_leftover_proxies(fn)
         _name_module_tensors(gm, fn)
     return gm
+
+
+def _drop_leftover_proxies(module: torch.nn.Module) -> None:
+    # torch 2.4's make_fx leaves its FX proxy in the __dict__ of a real tensor it updated in place
+    # (BatchNorm's num_batches_tracked.add_), which copy.deepcopy cannot copy; later torch leaves none.
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if isinstance(t.__dict__.get("proxy"), torch.fx.Proxy):
+            del t.__dict__["proxy"]
 
 
 def _plain_signature(fn: Callable, n: int) -> bool:

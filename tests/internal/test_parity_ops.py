@@ -207,6 +207,12 @@ def test_overload_matches_native(op, dtype, variant):
     _compare(op, args, kwargs, dtype, f"{op_base_name(op)}.{op._overloadname}")
 
 
+#: Named tensors (torch before 2.13, which removed them) never reach a Python kernel: torch hands
+#: a kernel its arguments as TorchScript values, which refuse them ("NYI: Named tensors are
+#: currently unsupported in TorchScript"), where native autocast's C++ kernel takes them.
+NAMED_TENSORS = hasattr(torch.Tensor, "has_names")
+
+
 @pytest.mark.parametrize("op, dtype, variant", _method_params())
 def test_tensor_method_matches_native(op, dtype, variant):
     # x.mm(y), x.prod(1), x.index_copy(...): the Tensor method with the overload's arguments.
@@ -214,8 +220,15 @@ def test_tensor_method_matches_native(op, dtype, variant):
     args, kwargs = aten_call(packet, op._overloadname)
     f = VARIANTS[variant](dtype)
     args, kwargs = tree_map(f, args), tree_map(f, kwargs)
-    _compare(lambda self, *a, **k: getattr(self, packet)(*a, **k), args, kwargs, dtype,
-             f"{packet}.{op._overloadname} (Tensor method)")
+    method = lambda self, *a, **k: getattr(self, packet)(*a, **k)  # noqa: E731
+    if NAMED_TENSORS and any(isinstance(a, torch.Tensor) and a.has_names() for a in args):
+        with torch.autocast("cpu", dtype=dtype):
+            native_err = run(method, args, kwargs)[1]
+        if native_err is None:
+            with HpuAutocastMode(dtype, policy="torch-cpu"), pytest.raises(RuntimeError, match="Named tensors"):
+                method(*args, **kwargs)
+            pytest.xfail("named tensors never reach a Python kernel before torch 2.13")
+    _compare(method, args, kwargs, dtype, f"{packet}.{op._overloadname} (Tensor method)")
 
 
 @pytest.mark.parametrize("packet, dtype, variant", _public_params())

@@ -245,14 +245,16 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
         raise TypeError(f"inputs_for(): {op!r} is not an OpOverload such as torch.ops.aten.mm.default")
     dev = _device(device)
     name = _ops.op_base_name(op)
-    schema = op._schema
+    # Read once: torch before 2.9 builds new Argument objects, which compare by identity, on
+    # every read of FunctionSchema.arguments, and the membership tests below need the same ones.
+    arguments = list(op._schema.arguments)
     dtypes = list(dtypes)
     positional = []
-    for a in schema.arguments:
+    for a in arguments:
         if a.kwarg_only or a.has_default_value():
             break
         positional.append(a)
-    required_kw = [a for a in schema.arguments if a.kwarg_only and not a.has_default_value()]
+    required_kw = [a for a in arguments if a.kwarg_only and not a.has_default_value()]
     family_names = set(_family(name, _smallest, max_side) or ())
     for a in positional + required_kw:
         if _kind(a) not in ("Tensor", "Tensor?", "Tensor[]") and a.name not in family_names:
@@ -266,7 +268,7 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
         family = _family(name, draw, max_side) or {}
         base = draw(shapes(0 if not family else 1, 3, max_side))
         call_dtype = draw(st.sampled_from(dtypes))
-        extra = [a for a in schema.arguments if a not in positional and (a.name in family or a in required_kw)]
+        extra = [a for a in arguments if a not in positional and (a.name in family or a in required_kw)]
         args, kwargs = [], {}
         for a in positional + extra:
             value = _value(a, family, base, call_dtype, draw)
@@ -299,7 +301,7 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
             return spec
         return _scalar_for(a, draw, len(base))
 
-    first_tensor = next((a for a in schema.arguments if _kind(a) == "Tensor"), None)
+    first_tensor = next((a for a in arguments if _kind(a) == "Tensor"), None)
     return draw_inputs()
 
 
