@@ -43,6 +43,8 @@ FIGURES = (
     ("fwd.mlp", "24-layer tiny MLP forward / native", "fwd.mlp", "ours", "native"),
     ("region.policy", "region enter+exit ({policy}) / native", "region", "ours", "native"),
     ("region.hpu", "region enter+exit (hpu) / native", "region", "ours-hpu", "native"),
+    ("op.passthrough.after_hpu", "pass-through op after an hpu region / native", "op.passthrough-after-hpu",
+     "ours", "native"),
     ("first.region", "first region, fresh process (seconds)", "first.region", "ours", "native"),
     ("step.transformer", "transformer step / native", "step.transformer", "ours", "native"),
     ("step.cnn", "small CNN step / native", "step.cnn", "ours", "native"),
@@ -62,7 +64,7 @@ TARGETS: Dict[str, Dict[str, float]] = {
 #: for the life of the process, and a compiled step imports Dynamo; neither should reach the
 #: eager workloads before them (docs/performance.md, "Order").
 WORKLOADS = ("op.passthrough", "op.cast", "fwd.mlp", "step.transformer", "step.cnn", "step.mlp",
-             "compiled.transformer", "region", "first.region")
+             "compiled.transformer", "region", "op.passthrough-after-hpu", "first.region")
 
 
 @dataclass(frozen=True)
@@ -95,20 +97,25 @@ def settings_for(mode: str, rounds: Optional[int] = None, only: Optional[Sequenc
             raise ValueError(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(WORKLOADS)}")
     if mode == "full":
         iters = {"op.passthrough": 2000, "op.cast": 1000, "fwd.mlp": 20, "region": 1000, "step.transformer": 1,
-                 "step.cnn": 10, "step.mlp": 10, "compiled.transformer": 5, "first.region": 3}
+                 "step.cnn": 10, "step.mlp": 10, "compiled.transformer": 5, "first.region": 3,
+                 "op.passthrough-after-hpu": 2000}
         return Settings(rounds or 15, 1, iters, FULL, mode, keep, {"step.transformer": 7})
     if mode == "quick":
         iters = {"op.passthrough": 500, "op.cast": 300, "fwd.mlp": 5, "region": 300, "step.transformer": 1,
-                 "step.cnn": 4, "step.mlp": 5, "compiled.transformer": 2, "first.region": 1}
+                 "step.cnn": 4, "step.mlp": 5, "compiled.transformer": 2, "first.region": 1,
+                 "op.passthrough-after-hpu": 500}
         return Settings(rounds or 7, 1, iters, FULL, mode, keep, {"step.transformer": 3})
     if mode == "smoke":
         iters = {"op.passthrough": 20, "op.cast": 20, "fwd.mlp": 1, "region": 20, "step.transformer": 1,
-                 "step.cnn": 1, "step.mlp": 1, "compiled.transformer": 1, "first.region": 1}
+                 "step.cnn": 1, "step.mlp": 1, "compiled.transformer": 1, "first.region": 1,
+                 "op.passthrough-after-hpu": 20}
         return Settings(rounds or 2, 1, iters, SMOKE, mode, keep)
     raise ValueError(f"unknown mode {mode!r}")
 
 
 def _variants(workload: str, backend: Backend, dtype: torch.dtype, settings: Settings):
+    if workload == "op.passthrough-after-hpu":
+        return workloads.passthrough_after_hpu_variants(backend, dtype, settings.scale)
     kind, name = workload.split(".", 1) if "." in workload else (workload, "")
     if kind == "op":
         return workloads.op_variants(name, backend, dtype, settings.scale)
@@ -262,9 +269,9 @@ def format_table(results: Dict[str, object]) -> str:
                      f"(median of {len(first['ours']['runs_s'])} processes); torch._dynamo imported by it: "
                      f"{'yes' if first['ours']['dynamo_imported'] else 'no'}")
     columns = [v for v in workloads.VARIANTS if any(v in med for med in results["medians_ms"].values())]
-    lines += ["", f"{'median per iteration':<22}" + "".join(f"{v:>12}" for v in columns)]
+    lines += ["", f"{'median per iteration':<26}" + "".join(f"{v:>12}" for v in columns)]
     for wl, med in results["medians_ms"].items():
-        lines.append(f"{wl:<22}" + "".join(f"{_fmt_ms(med[v]) if v in med else '-':>12}" for v in columns))
+        lines.append(f"{wl:<26}" + "".join(f"{_fmt_ms(med[v]) if v in med else '-':>12}" for v in columns))
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ from hpu_autocast import HpuAutocastMode, hpu
 from .harness import Runner
 
 __all__ = ["Backend", "Scale", "FULL", "SMOKE", "NoOpFunctionMode", "NoOpDispatchMode", "backend_for",
-           "resolve_device", "op_variants", "mlp_forward_variants", "region_variants", "step_variants",
+           "resolve_device", "op_variants", "passthrough_after_hpu_variants", "mlp_forward_variants", "region_variants", "step_variants",
            "compiled_step_variants", "first_region", "check_dtype", "cpu_model", "fast_bf16", "MODELS",
            "VARIANTS"]
 
@@ -238,6 +238,17 @@ def region_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[
         return run
 
     return {name: runner(regions[name]) for name in VARIANTS if name in regions}
+
+
+def passthrough_after_hpu_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[str, Runner]:
+    """The pass-through op again (ours and native only), after a region of the ``hpu`` preset has
+    run in this process. That preset lists ``add``, so its kernel is registered, and the
+    registration lasts the process: from then on a ``torch-cpu`` region's ``add`` enters Python to
+    be passed on. (An ``hpu`` region is entered here, so the figure does not depend on order.)"""
+    with HpuAutocastMode(dtype, policy="hpu", device_type=backend.device.type):
+        pass
+    variants = op_variants("passthrough", backend, dtype, scale)
+    return {name: variants[name] for name in ("ours", "native")}
 
 
 # -- training-step workloads ----------------------------------------------------------------

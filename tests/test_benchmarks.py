@@ -35,7 +35,8 @@ def test_json_structure(smoke_results):
     # Eager workloads time ours against native and every floor, interleaved; the region adds
     # the hpu preset; the compiled step compares ours with native only.
     for workload, variants in medians.items():
-        expected = {"region": floors | {"ours-hpu"}, "compiled.transformer": {"ours", "native"}}.get(workload, floors)
+        expected = {"region": floors | {"ours-hpu"}, "compiled.transformer": {"ours", "native"},
+                    "op.passthrough-after-hpu": {"ours", "native"}}.get(workload, floors)
         assert set(variants) == expected, workload
         assert all(math.isfinite(v) and v > 0 for v in variants.values())
 
