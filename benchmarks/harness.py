@@ -84,7 +84,8 @@ def verdict(passed: Optional[bool]) -> str:
 class Figure:
     """One reported number: ``ours`` against ``ref`` on one workload. ``unit`` is ``"x"`` for a
     ratio judged against its target, ``"s"`` for a time in seconds judged as such (``ratio`` is
-    then ``ours_ms / 1000``, and ``ref_ms`` is shown for scale)."""
+    then ``ours_ms / 1000``, ``round_ratios`` each run's seconds, and ``ref_ms`` is shown for
+    scale)."""
 
     id: str
     label: str

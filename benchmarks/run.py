@@ -321,9 +321,10 @@ def write_results(results: Dict[str, object], out: Path) -> List[Path]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Time hpu_autocast against native torch.autocast and the floors (plain, "
-                                     "no-op function and dispatch modes); "
-                                     "write results.json and results.png.")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks",
+                                     description="Time hpu_autocast against native torch.autocast and the floors "
+                                                 "(plain, no-op function and dispatch modes); write results.json "
+                                                 "and results.png.")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations (under a minute)")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 2 rounds: checks that it runs")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "hpu"),

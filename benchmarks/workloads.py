@@ -28,9 +28,9 @@ from hpu_autocast import HpuAutocastMode, hpu
 from .harness import Runner
 
 __all__ = ["Backend", "Scale", "FULL", "SMOKE", "NoOpFunctionMode", "NoOpDispatchMode", "backend_for",
-           "resolve_device", "op_variants", "passthrough_after_hpu_variants", "mlp_forward_variants", "region_variants", "step_variants",
-           "compiled_step_variants", "first_region", "check_dtype", "cpu_model", "fast_bf16", "MODELS",
-           "VARIANTS"]
+           "resolve_device", "op_variants", "passthrough_after_hpu_variants", "mlp_forward_variants",
+           "region_variants", "step_variants", "CompiledStep", "compile_backend", "first_region", "check_dtype",
+           "cpu_model", "fast_bf16", "MODELS", "VARIANTS"]
 
 # Interleaving order within a round (rotated each round, see harness.interleave). ``ours-hpu``
 # is timed for the region workload only, ``fn-mode`` and ``disp-mode`` not for compiled steps.
@@ -177,8 +177,8 @@ class Scale:
 
 FULL = Scale()
 SMOKE = Scale(op_size=8, fwd_width=8, fwd_depth=3, fwd_batch=4, compiled_d_model=16, compiled_nhead=2,
-              compiled_layers=1, compiled_seq=8, compiled_batch=2, d_model=16, nhead=2, layers=1, seq=8, batch=2, image=8, mlp_width=8, mlp_depth=3,
-              mlp_batch=4)
+              compiled_layers=1, compiled_seq=8, compiled_batch=2, d_model=16, nhead=2, layers=1, seq=8, batch=2,
+              image=8, mlp_width=8, mlp_depth=3, mlp_batch=4)
 
 
 # -- per-op workloads -----------------------------------------------------------------------
