@@ -1,8 +1,8 @@
-"""Benchmarks of ``hpu_autocast`` against the floor of any Python interceptor and against
-native ``torch.autocast``.
+"""Benchmarks of ``hpu_autocast`` against native ``torch.autocast`` and the floors (no autocast,
+a no-op ``TorchFunctionMode``, a no-op ``TorchDispatchMode``).
 
     python -m benchmarks [--quick] [--smoke] [--threads N] [--device cpu|cuda|hpu|auto]
-                         [--dtype bfloat16|float16] [--rounds N] [--out DIR]
+                         [--dtype bfloat16|float16] [--rounds N] [--only W1,W2] [--out DIR]
 
 Every figure is a ratio of two variants timed side by side in one process, interleaved within
 each round, and reduced to the median over rounds. See docs/performance.md.

@@ -4,6 +4,12 @@ Note: a figure is the median of per-round ratios, not the ratio of two medians. 
 of a round run back to back, so a slow spell on a shared machine (another process, frequency
 scaling) slows both and mostly cancels in their ratio; the median then drops the rounds where
 it did not. The per-variant medians are reported too, for scale.
+
+Note: on a CPU run with one intra-op thread the clock is ``time.thread_time``, the CPU time of
+the thread that runs the ops, kernels included: time spent waiting for a core that another
+process holds is not counted, which a wall clock on a shared machine would add to whichever
+variant it fell on. With more threads (OpenMP workers do part of the work) or a device that
+runs asynchronously (CUDA, HPU) it is the wall clock, ``time.perf_counter``.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["Figure", "Timings", "interleave", "judge", "verdict", "make_figure"]
+__all__ = ["Figure", "Timings", "interleave", "judge", "verdict", "make_figure", "make_absolute_figure"]
 
 # A variant runs its workload ``n`` times: ``run(n)``.
 Runner = Callable[[int], None]
@@ -35,12 +41,14 @@ class Timings:
 
 
 def interleave(variants: Dict[str, Runner], *, rounds: int, iters: int, warmup: int,
-               sync: Callable[[], None] = lambda: None) -> Timings:
+               sync: Callable[[], None] = lambda: None,
+               clock: Callable[[], float] = time.perf_counter) -> Timings:
     """Time every variant ``rounds`` times, ``iters`` iterations each, interleaved.
 
     Each round runs all variants once, starting from a different one each round (a rotation),
     so neither drift nor a fixed "second in line" position favours any of them. ``sync`` waits
-    for the device (CUDA, HPU) before the clock is read.
+    for the device (CUDA, HPU) before the clock is read; ``clock`` is the clock (see the note at
+    the top).
     """
     names = list(variants)
     for name in names:
@@ -51,10 +59,10 @@ def interleave(variants: Dict[str, Runner], *, rounds: int, iters: int, warmup: 
         for k in range(len(names)):
             name = names[(r + k) % len(names)]
             sync()
-            start = time.perf_counter()
+            start = clock()
             variants[name](iters)
             sync()
-            out[name].append((time.perf_counter() - start) / iters)
+            out[name].append((clock() - start) / iters)
     return Timings(out)
 
 
@@ -74,7 +82,10 @@ def verdict(passed: Optional[bool]) -> str:
 
 @dataclass(frozen=True)
 class Figure:
-    """One reported number: ``ours`` against ``ref`` on one workload."""
+    """One reported number: ``ours`` against ``ref`` on one workload. ``unit`` is ``"x"`` for a
+    ratio judged against its target, ``"s"`` for a time in seconds judged as such (``ratio`` is
+    then ``ours_ms / 1000``, ``round_ratios`` each run's seconds, and ``ref_ms`` is shown for
+    scale)."""
 
     id: str
     label: str
@@ -87,6 +98,7 @@ class Figure:
     round_ratios: List[float]
     target: Optional[float]
     passed: Optional[bool]
+    unit: str = "x"
 
     @property
     def verdict(self) -> str:
@@ -99,3 +111,10 @@ def make_figure(fid: str, label: str, workload: str, timings: Timings, ours: str
     round_ratios = [a / b for a, b in zip(timings.rounds[ours], timings.rounds[ref])]
     return Figure(fid, label, workload, ours, ref, timings.median_ms(ours), timings.median_ms(ref),
                   ratio, round_ratios, target, judge(ratio, target))
+
+
+def make_absolute_figure(fid: str, label: str, workload: str, ours_s: float, ref_s: float,
+                         runs_s: List[float], target_s: Optional[float]) -> Figure:
+    """A figure that is a time (seconds), not a ratio: the first region of a fresh process."""
+    return Figure(fid, label, workload, "ours", "native", ours_s * 1e3, ref_s * 1e3, ours_s, list(runs_s),
+                  target_s, judge(ours_s, target_s), unit="s")

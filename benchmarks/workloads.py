@@ -1,5 +1,6 @@
-"""What is timed: the devices, the variants (plain, no-op mode, native autocast, ours) and the
-workloads (one pass-through op, one cast op, three training steps).
+"""What is timed: the devices, the variants (plain, native autocast, the two no-op modes, ours)
+and the workloads (a pass-through op, a cast op, a tiny MLP's forward, a region's entry and exit,
+three training steps, a compiled training step, the first region of a fresh process).
 
 Nothing here imports ``habana_frameworks`` unless the HPU device is asked for and importable.
 """
@@ -7,27 +8,46 @@ Nothing here imports ``habana_frameworks`` unless the HPU device is asked for an
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Dict, Optional
+from typing import Callable, ContextManager, Dict, List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import hpu_autocast
 from hpu_autocast import HpuAutocastMode, hpu
 
 from .harness import Runner
 
-__all__ = ["Backend", "Scale", "FULL", "SMOKE", "NoOpDispatchMode", "backend_for", "resolve_device",
-           "op_variants", "step_variants", "check_dtype", "MODELS", "VARIANTS"]
+__all__ = ["Backend", "Scale", "FULL", "SMOKE", "NoOpFunctionMode", "NoOpDispatchMode", "backend_for",
+           "resolve_device", "op_variants", "passthrough_after_hpu_variants", "mlp_forward_variants",
+           "region_variants", "step_variants", "CompiledStep", "compile_backend", "first_region", "check_dtype",
+           "cpu_model", "fast_bf16", "MODELS", "VARIANTS"]
 
-# Interleaving order within a round (rotated each round, see harness.interleave).
-VARIANTS = ("ours", "native", "noop", "plain")
+# Interleaving order within a round (rotated each round, see harness.interleave). ``ours-hpu``
+# is timed for the region workload only, ``fn-mode`` and ``disp-mode`` not for compiled steps.
+VARIANTS = ("ours", "ours-hpu", "native", "fn-mode", "disp-mode", "plain")
+
+
+class NoOpFunctionMode(TorchFunctionMode):
+    """A floor: a function mode that calls every torch function unchanged. It sees Python-level
+    calls only (``torch.mm``, ``F.linear``), above autograd: the cheapest place Python can hook."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
 class NoOpDispatchMode(TorchDispatchMode):
-    """The floor for any Python interceptor: a dispatch mode that calls every op unchanged."""
+    """A floor: a dispatch mode that calls every ATen op unchanged (what the engine was before it
+    became dispatcher kernels: a ``TorchDispatchMode`` sees every op, listed or not)."""
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
@@ -60,23 +80,46 @@ def resolve_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _cpu_model() -> str:
+def _cpuinfo(field: str) -> Optional[str]:
+    """The first value of ``field`` in /proc/cpuinfo (``None`` where there is none: not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field) and line[len(field):].lstrip().startswith(":"):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; elsewhere what ``platform`` knows)."""
+    name = _cpuinfo("model name")
+    if name:
+        return name
     import platform
 
     return platform.processor() or platform.machine()
 
 
+#: CPU flags of bfloat16 arithmetic in hardware (AVX-512 BF16, AMX). Without them a bfloat16
+#: matmul on CPU converts to float32 and back, and is no faster than float32.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def fast_bf16() -> Optional[List[str]]:
+    """The bfloat16 flags this CPU has (an empty list: none), ``None`` where unknown."""
+    flags = _cpuinfo("flags")
+    if flags is None:
+        return None
+    have = set(flags.split())
+    return [f for f in BF16_FLAGS if f in have]
+
+
 def backend_for(name: str) -> Backend:
     """The ``Backend`` for ``cpu``, ``cuda`` or ``hpu``; raises if that device is not usable."""
     if name == "cpu":
-        return Backend("cpu", torch.device("cpu"), "cpu", "torch-cpu", _nothing, _nothing, _cpu_model())
+        return Backend("cpu", torch.device("cpu"), "cpu", "torch-cpu", _nothing, _nothing, cpu_model())
     if name == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda: torch.cuda.is_available() is False")
@@ -101,7 +144,8 @@ def _regions(backend: Backend, dtype: torch.dtype) -> Dict[str, Callable[[], Con
     return {
         "ours": lambda: HpuAutocastMode(dtype, policy=backend.policy),
         "native": lambda: torch.autocast(backend.autocast_type, dtype=dtype),
-        "noop": NoOpDispatchMode,
+        "fn-mode": NoOpFunctionMode,
+        "disp-mode": NoOpDispatchMode,
         "plain": contextlib.nullcontext,
     }
 
@@ -111,7 +155,15 @@ class Scale:
     """Workload sizes. ``FULL`` is what the figures and targets mean; ``SMOKE`` only checks
     that the machinery runs (its numbers mean nothing)."""
 
-    op_size: int = 32
+    op_size: int = 8
+    fwd_width: int = 16
+    fwd_depth: int = 24
+    fwd_batch: int = 16
+    compiled_d_model: int = 64
+    compiled_nhead: int = 4
+    compiled_layers: int = 2
+    compiled_seq: int = 32
+    compiled_batch: int = 8
     d_model: int = 256
     nhead: int = 8
     layers: int = 4
@@ -124,19 +176,20 @@ class Scale:
 
 
 FULL = Scale()
-SMOKE = Scale(op_size=8, d_model=16, nhead=2, layers=1, seq=8, batch=2, image=8, mlp_width=8, mlp_depth=3,
-              mlp_batch=4)
+SMOKE = Scale(op_size=8, fwd_width=8, fwd_depth=3, fwd_batch=4, compiled_d_model=16, compiled_nhead=2,
+              compiled_layers=1, compiled_seq=8, compiled_batch=2, d_model=16, nhead=2, layers=1, seq=8, batch=2,
+              image=8, mlp_width=8, mlp_depth=3, mlp_batch=4)
 
 
 # -- per-op workloads -----------------------------------------------------------------------
 def op_variants(op: str, backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[str, Runner]:
-    """``passthrough``: ``torch.relu``, on none of the ``torch-cpu``, ``torch-cuda`` and ``hpu``
-    lists, so it runs as is; ``cast``: ``torch.mm`` of two float32 matrices (LOWER: both inputs
-    cast). The region is entered once per block of ``n`` calls, so this is the per-call cost."""
+    """``passthrough``: ``torch.add`` of two float32 matrices, on no list of the ``torch-cpu`` and
+    ``torch-cuda`` presets, so it runs as is; ``cast``: ``torch.mm`` (LOWER: both inputs cast).
+    The region is entered once per block of ``n`` calls, so this is the per-call cost."""
     n = scale.op_size
     x = torch.randn(n, n, device=backend.device)
     y = torch.randn(n, n, device=backend.device)
-    call: Callable[[], object] = (lambda: torch.relu(x)) if op == "passthrough" else (lambda: torch.mm(x, y))
+    call: Callable[[], object] = (lambda: torch.add(x, y)) if op == "passthrough" else (lambda: torch.mm(x, y))
 
     def runner(region: Callable[[], ContextManager]) -> Runner:
         def run(iters: int) -> None:
@@ -146,6 +199,56 @@ def op_variants(op: str, backend: Backend, dtype: torch.dtype, scale: Scale) -> 
         return run
 
     return {name: runner(region) for name, region in _regions(backend, dtype).items()}
+
+
+def mlp_forward_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[str, Runner]:
+    """One forward of a tiny MLP per iteration, without grad, the region entered per forward:
+    ``fwd_depth`` x (``Linear(w, w)`` + ``LayerNorm(w)`` + ``GELU``), input ``fwd_batch`` x ``w``.
+    Kernels of microseconds: the toll per op decides."""
+    w = scale.fwd_width
+    layers: List[nn.Module] = []
+    for _ in range(scale.fwd_depth):
+        layers += [nn.Linear(w, w), nn.LayerNorm(w), nn.GELU()]
+    model = nn.Sequential(*layers).to(backend.device).eval()
+    x = torch.randn(scale.fwd_batch, w, device=backend.device)
+
+    def runner(region: Callable[[], ContextManager]) -> Runner:
+        def run(iters: int) -> None:
+            with torch.no_grad():
+                for _ in range(iters):
+                    with region():
+                        model(x)
+        return run
+
+    return {name: runner(region) for name, region in _regions(backend, dtype).items()}
+
+
+def region_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[str, Runner]:
+    """A region entered and exited with nothing in it, per iteration, the context manager made
+    fresh each time (``with HpuAutocastMode(...): ...`` in a loop). ``ours-hpu`` is the ``hpu``
+    preset, whose entry also reads the ``PT_HPU_AUTOCAST_*`` override variables."""
+    regions = _regions(backend, dtype)
+    regions["ours-hpu"] = lambda: HpuAutocastMode(dtype, policy="hpu", device_type=backend.device.type)
+
+    def runner(region: Callable[[], ContextManager]) -> Runner:
+        def run(iters: int) -> None:
+            for _ in range(iters):
+                with region():
+                    pass
+        return run
+
+    return {name: runner(regions[name]) for name in VARIANTS if name in regions}
+
+
+def passthrough_after_hpu_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[str, Runner]:
+    """The pass-through op again (ours and native only), after a region of the ``hpu`` preset has
+    run in this process. That preset lists ``add``, so its kernel is registered, and the
+    registration lasts the process: from then on a ``torch-cpu`` region's ``add`` enters Python to
+    be passed on. (An ``hpu`` region is entered here, so the figure does not depend on order.)"""
+    with HpuAutocastMode(dtype, policy="hpu", device_type=backend.device.type):
+        pass
+    variants = op_variants("passthrough", backend, dtype, scale)
+    return {name: variants[name] for name in ("ours", "native")}
 
 
 # -- training-step workloads ----------------------------------------------------------------
@@ -211,6 +314,113 @@ def step_variants(model_name: str, backend: Backend, dtype: torch.dtype, scale: 
         return run
 
     return {name: runner(region) for name, region in _regions(backend, dtype).items()}
+
+
+# -- a compiled training step -----------------------------------------------------------------
+def compile_backend(smoke: bool) -> str:
+    """``inductor`` where it compiles here (it needs a C++ compiler on CPU), else ``aot_eager``;
+    ``aot_eager`` for ``--smoke`` (inductor's first compilation takes tens of seconds)."""
+    if smoke:
+        return "aot_eager"
+    try:
+        fn = torch.compile(lambda t: (t * 2).sin(), backend="inductor", fullgraph=True)
+        fn(torch.randn(4))
+    except Exception:  # no compiler, no headers, ...: whatever inductor raises
+        return "aot_eager"
+    finally:
+        torch._dynamo.reset()
+    return "inductor"
+
+
+class CompiledStep:
+    """A small transformer's training step, ``torch.compile``d once: the forward and loss run
+    compiled under the region (ours, or native autocast), ``backward()`` outside it; no dropout,
+    so both variants compute the same loss when their graphs hold the same casts."""
+
+    def __init__(self, backend: Backend, dtype: torch.dtype, scale: Scale, compiler: str) -> None:
+        s = scale
+        layer = nn.TransformerEncoderLayer(s.compiled_d_model, s.compiled_nhead,
+                                           dim_feedforward=4 * s.compiled_d_model, dropout=0.0, batch_first=True)
+        self.model = nn.TransformerEncoder(layer, s.compiled_layers, enable_nested_tensor=False).to(backend.device)
+        self.model.train()
+        self.params = list(self.model.parameters())
+        self.x = torch.randn(s.compiled_batch, s.compiled_seq, s.compiled_d_model, device=backend.device)
+        self.compiled = torch.compile(self.model, backend=compiler)
+        self.backend = backend
+        regions = _regions(backend, dtype)
+        self.regions = {"ours": regions["ours"], "native": regions["native"]}
+
+    def step(self, region: Callable[[], ContextManager]) -> torch.Tensor:
+        with region():
+            loss = self.compiled(self.x).float().pow(2).mean()
+        loss.backward()
+        for p in self.params:
+            p.grad = None
+        self.backend.end_step()
+        return loss.detach()
+
+    def losses(self) -> Dict[str, float]:
+        """One step of each variant (parameters are not updated, so they see the same model)."""
+        return {name: self.step(region).item() for name, region in self.regions.items()}
+
+    def variants(self) -> Dict[str, Runner]:
+        def runner(region: Callable[[], ContextManager]) -> Runner:
+            def run(iters: int) -> None:
+                for _ in range(iters):
+                    self.step(region)
+            return run
+
+        return {name: runner(region) for name, region in self.regions.items()}
+
+
+# -- the first region of a fresh process --------------------------------------------------------
+_FIRST_REGION = """
+import sys, time, json
+import torch
+{setup}
+device = torch.device({device!r})
+x = torch.randn(8, 8, device=device)
+y = torch.randn(8, 8, device=device)
+{sync}
+start = time.perf_counter()
+with {region}:
+    torch.mm(x, y)
+{sync}
+elapsed = time.perf_counter() - start
+print(json.dumps({{"s": elapsed, "dynamo": "torch._dynamo" in sys.modules}}))
+"""
+
+
+def first_region(backend: Backend, dtype: torch.dtype, runs: int, threads: int) -> Dict[str, object]:
+    """Seconds from just before the first ``with`` of a fresh process to just after its first op
+    (``torch.mm``) and the exit, the median of ``runs`` processes, for ours and native autocast;
+    and whether the process had imported ``torch._dynamo`` by then (it costs seconds).
+    Imports come before the clock starts, so this is what the first region itself costs: building
+    the policy, registering its kernels, the first call."""
+    dtype_name = str(dtype).replace("torch.", "")
+    sync = "torch.cuda.synchronize()" if backend.name == "cuda" else ""
+    threads_line = f"torch.set_num_threads({threads})" if threads else ""
+    setup = {"ours": f"{threads_line}\nfrom hpu_autocast import HpuAutocastMode",
+             "native": threads_line}
+    region = {"ours": f"HpuAutocastMode(torch.{dtype_name}, policy={backend.policy!r})",
+              "native": f"torch.autocast({backend.autocast_type!r}, dtype=torch.{dtype_name})"}
+    # The child imports this same hpu_autocast (a checkout, not an installed copy).
+    src = os.path.dirname(os.path.dirname(os.path.abspath(hpu_autocast.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+    if backend.name == "hpu":
+        setup = {k: v + "\nimport habana_frameworks.torch.core" for k, v in setup.items()}
+    out: Dict[str, object] = {}
+    for name in ("ours", "native"):
+        code = _FIRST_REGION.format(setup=setup[name], device=str(backend.device), sync=sync, region=region[name])
+        results = []
+        for _ in range(runs):
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the first-region process failed:\n{proc.stderr[-2000:]}")
+            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        out[name] = {"s": statistics.median(r["s"] for r in results), "runs_s": [r["s"] for r in results],
+                     "dynamo_imported": any(r["dynamo"] for r in results)}
+    return out
 
 
 def check_dtype(backend: Backend, dtype: torch.dtype) -> Optional[str]:

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from benchmarks import harness, judge, main, verdict
-from benchmarks.run import FIGURES, TARGETS, format_table, run_benchmarks, settings_for
+from benchmarks.run import FIGURES, TARGETS, WORKLOADS, format_table, run_benchmarks, settings_for
 
 
 @pytest.fixture(scope="module")
@@ -21,24 +21,60 @@ def smoke_results(tmp_path_factory):
 
 def test_json_structure(smoke_results):
     _, results = smoke_results
-    assert set(results) == {"machine", "settings", "medians_ms", "figures", "wall_s"}
-    for key in ("platform", "cpu", "cores", "torch", "device", "device_name", "threads", "date"):
+    assert set(results) == {"machine", "settings", "medians_ms", "compiled", "first_region", "figures", "wall_s"}
+    for key in ("platform", "cpu", "fast_bf16", "cores", "torch", "device", "device_name", "threads", "date"):
         assert key in results["machine"], key
     assert results["machine"]["device"] == "cpu"
     assert results["machine"]["threads"] == 1  # --threads defaults to 1
     assert results["settings"]["mode"] == "smoke"
+    assert results["settings"]["clock"] == "thread_time"  # one thread on CPU: the thread's CPU time
     assert [f["id"] for f in results["figures"]] == [fid for fid, *_ in FIGURES]
-    # Every workload times all four variants, interleaved.
-    for medians in results["medians_ms"].values():
-        assert set(medians) == {"ours", "native", "noop", "plain"}
-        assert all(math.isfinite(v) and v > 0 for v in medians.values())
+    floors = {"ours", "native", "fn-mode", "disp-mode", "plain"}
+    medians = results["medians_ms"]
+    assert set(medians) == set(WORKLOADS) - {"first.region"}  # timed in fresh processes instead
+    # Eager workloads time ours against native and every floor, interleaved; the region adds
+    # the hpu preset; the compiled step compares ours with native only.
+    for workload, variants in medians.items():
+        expected = {"region": floors | {"ours-hpu"}, "compiled.transformer": {"ours", "native"},
+                    "op.passthrough-after-hpu": {"ours", "native"}}.get(workload, floors)
+        assert set(variants) == expected, workload
+        assert all(math.isfinite(v) and v > 0 for v in variants.values())
+
+
+def test_compiled_step_and_first_region_reported(smoke_results):
+    _, results = smoke_results
+    compiled = results["compiled"]
+    assert compiled["backend"] == "aot_eager"  # smoke: no inductor compilation
+    # Same graph, same casts: the region's compiled loss is native's, bit for bit.
+    assert compiled["loss_equal"] and compiled["loss"]["ours"] == compiled["loss"]["native"]
+    first = results["first_region"]
+    for variant in ("ours", "native"):
+        assert first[variant]["s"] > 0 and len(first[variant]["runs_s"]) == 1
+        assert first[variant]["dynamo_imported"] is False  # the first region does not load Dynamo
+    (fig,) = [f for f in results["figures"] if f["id"] == "first.region"]
+    assert fig["unit"] == "s" and fig["ratio"] == first["ours"]["s"]
+
+
+def test_machine_flags(monkeypatch, tmp_path):
+    from benchmarks import workloads
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: Some CPU\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path,
+                                                                          *a, **k))
+    assert workloads.cpu_model() == "Some CPU"
+    assert workloads.fast_bf16() == ["avx512_bf16", "amx_tile"]
 
 
 def test_every_ratio_positive_finite_and_judged(smoke_results):
     _, results = smoke_results
     for f in results["figures"]:
         assert math.isfinite(f["ratio"]) and f["ratio"] > 0, f
-        assert len(f["round_ratios"]) == results["settings"]["rounds"]
+        settings = results["settings"]
+        rounds = min(settings["rounds"], settings["rounds_for"].get(f["workload"], settings["rounds"]))
+        runs = settings["iters"]["first.region"] if f["unit"] == "s" else rounds
+        assert len(f["round_ratios"]) == runs
         # The stored verdict is the judge's, against this device's target (or none).
         assert f["target"] == TARGETS["cpu"].get(f["id"])
         assert f["passed"] == judge(f["ratio"], f["target"])
@@ -84,12 +120,21 @@ def test_interleave_rotates_order():
     assert all(len(v) == 3 for v in timings.rounds.values())
 
 
-def test_table_lists_every_figure_with_verdict():
-    results = run_benchmarks(settings_for("smoke", rounds=1), "cpu")
+def test_table_lists_every_figure_with_verdict(smoke_results):
+    _, results = smoke_results
     text = format_table(results)
     for f in results["figures"]:
         assert f["label"] in text
     assert "PASS" in text or "FAIL" in text
+    assert "fast bfloat16:" in text and "identical" in text
+
+
+def test_only_runs_the_named_workloads():
+    results = run_benchmarks(settings_for("smoke", rounds=1, only=["op.cast", "region"]), "cpu")
+    assert set(results["medians_ms"]) == {"op.cast", "region"}
+    assert [f["id"] for f in results["figures"]] == ["op.cast.native", "op.cast.noop", "region.policy", "region.hpu"]
+    with pytest.raises(ValueError, match="unknown workload"):
+        settings_for("smoke", only=["op.nope"])
 
 
 def test_unusable_device_is_an_error(capsys):

@@ -30,13 +30,20 @@ __all__ = ["tracing", "install", "observing_opened", "observing_closed"]
 _PACKAGE = "hpu_autocast"
 
 
-def tracing() -> bool:
-    """True while Dynamo traces a frame in this thread (cheap when Dynamo is not loaded)."""
-    if "torch._dynamo" not in sys.modules:
-        return False
-    from torch._guards import TracingContext
+_try_get = None  # TracingContext.try_get, once Dynamo is loaded
 
-    return TracingContext.try_get() is not None
+
+def tracing() -> bool:
+    """True while Dynamo traces a frame in this thread (cheap when Dynamo is not loaded; every
+    policy op's kernel asks, so the import is done once)."""
+    global _try_get
+    if _try_get is None:
+        if "torch._dynamo" not in sys.modules:
+            return False
+        from torch._guards import TracingContext
+
+        _try_get = TracingContext.try_get
+    return _try_get() is not None
 
 
 def _package_source():

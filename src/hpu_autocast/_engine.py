@@ -241,7 +241,9 @@ def enter(region: Region) -> None:
     if region.observes:
         k.prepare_fallback()
     parent = _get_frame()
-    if parent is None or parent.region.closed:
+    if parent is None:
+        parent = _inherited()
+    elif parent.region.closed:
         parent = innermost()
     if parent is not None:
         # As torch.autocast: one cast cache for the outermost region and all nested in it.
@@ -361,17 +363,19 @@ def _make_kernel(op: OpOverload) -> Callable:
     op_id = id(op)  # rules are keyed by id: an OpOverload's own hash is a Python method
     call = op._op
 
+    tracing = _compile_guard.tracing
+
     def kernel(*args, **kwargs):
         frame = _get_frame()
         if frame is None or frame.region.closed:
             frame = innermost()
-        if _compile_guard.tracing():
+        if tracing():
             _compile_guard.install()
         if frame is not None:
             rule = frame.rules.get(op_id)
             if rule is not None:
                 if rule.plain and not kwargs and not frame.region.observes:
-                    return _apply_plain(frame, rule, call, args)
+                    return _apply_plain(frame, rule, call, args, ops_key)
                 return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
             if not frame.enabled and frame.region.observer is not None:
                 # torch.autocast(enabled=False) inside an observing region: its ops are reported.
@@ -578,7 +582,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                 _set_excluded(k.all, False)
 
 
-def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple):
+def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_key):
     """``_apply`` for the commonest call, specialised: a LOWER or FP32 rule with nothing else to
     consider (``OpRule.plain``), positional arguments, a region that does not observe (so the
     fallback's key needs no switching off). The same decisions, fewer steps: the cost of a cast
@@ -589,7 +593,8 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple):
     cache = region.cache if region.cache_enabled else None
     new_args = list(args)
     on = False
-    for i, a in enumerate(args):
+    i = 0
+    for a in args:
         if isinstance(a, _Tensor):
             dt = a.dtype
             if dt.is_floating_point and on_device(a):
@@ -603,9 +608,9 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple):
                         new_args[i] = _cast(a, dt, target, _CAST[target], cache, None, "", target is frame.dtype)
         elif type(a) is list or type(a) is tuple:
             return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)  # cat's lists: the long way
+        i += 1
     if not on:
         return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
-    ops_key = _dispatch._keys.ops
     _set_excluded(ops_key, True)
     try:
         return call(*new_args)

@@ -315,14 +315,31 @@ _lock = threading.Lock()
 _open = 0
 
 
+def _by_owner(patched) -> tuple:
+    """``PATCHED`` grouped by owner: (the owner's ``__dict__``, the names, {name: replacement}).
+    Installing writes each owner's dict in one ``update``: a region's entry and exit pay for
+    the patches, and one ``setattr`` per name cost a third of a region."""
+    groups: Dict[int, tuple] = {}
+    for owner, name, new in patched:
+        namespace = vars(owner)
+        group = groups.setdefault(id(namespace), (namespace, [], {}))
+        group[1].append(name)
+        group[2][name] = new
+    return tuple((namespace, tuple(names), new) for namespace, names, new in groups.values())
+
+
+_GROUPS = _by_owner(PATCHED)
+
+
 def _acquire() -> None:
     """A region opens: install the patches if it is the first open in the process."""
     global _open
     with _lock:
         if _open == 0:
-            for owner, name, new in PATCHED:
-                _real[name] = getattr(owner, name)  # read each time: another library may patch too
-                setattr(owner, name, new)
+            for namespace, names, new in _GROUPS:
+                for name in names:
+                    _real[name] = namespace[name]  # read each time: another library may patch too
+                namespace.update(new)
             for hooks, hook in HOOKS:
                 hooks[_HOOK_KEY] = hook
         _open += 1
@@ -337,12 +354,14 @@ def _release() -> None:
             return
         for hooks, _ in HOOKS:
             hooks.pop(_HOOK_KEY, None)
-        for owner, name, new in PATCHED:
-            if getattr(owner, name) is new:
-                setattr(owner, name, _real[name])
-            else:  # someone else replaced ours meanwhile: theirs stays, and it calls ours
-                warnings.warn(f"hpu_autocast: {getattr(owner, '__name__', owner)}.{name} was replaced while a "
-                              "region was open; leaving the replacement in place", RuntimeWarning, stacklevel=3)
+        for namespace, names, new in _GROUPS:
+            for name in names:
+                if namespace[name] is new[name]:
+                    namespace[name] = _real[name]
+                else:  # someone else replaced ours meanwhile: theirs stays, and it calls ours
+                    owner = namespace.get("__name__", namespace)
+                    warnings.warn(f"hpu_autocast: {owner}.{name} was replaced while a region was open; leaving the "
+                                  "replacement in place", RuntimeWarning, stacklevel=3)
 
 
 _engine.REGION_HOOKS.append((_acquire, _release))
