@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import hpu_autocast
 from hpu_autocast import HpuAutocastMode, disable_casts
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -226,3 +227,42 @@ def test_the_eager_warning_comes_once_something_was_compiled():
     first, second, third = out.splitlines()
     assert first == "[]" and third == "[]"
     assert "compiled code runs eagerly" in second
+
+
+_GUARDS_AFTER_DYNAMO = """
+import sys, torch
+from hpu_autocast import HpuAutocastMode
+def f(a, b):
+    scale = 2.0 if torch.is_autocast_enabled("cpu") else 1.0
+    return torch.mm(a, b) * scale
+a, b = torch.randn(4, 4), torch.randn(4, 4)
+if sys.argv[1] == "inside":
+    with HpuAutocastMode(policy="torch-cpu"):
+        import torch._dynamo  # as torch.optim's first optimizer does, made inside a region
+else:
+    import torch._dynamo
+compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+with HpuAutocastMode(policy="torch-cpu"):
+    inside = compiled(a, b)
+outside = compiled(a, b)
+torch._dynamo.reset()
+first_outside = compiled(a, b)
+with HpuAutocastMode(policy="torch-cpu"):
+    then_inside = compiled(a, b)
+print(inside.dtype, outside.dtype, first_outside.dtype, then_inside.dtype,
+      torch.equal(outside, torch.mm(a, b)))
+"""
+
+
+@pytest.mark.parametrize("loaded", ["before", "inside"])
+def test_autocast_guards_compile_wherever_dynamo_was_loaded(loaded):
+    # Dynamo builds its tables of torch functions at its import and at its first trace; with
+    # Dynamo loaded inside a region, the first held the region's getter and the second torch's,
+    # and a compile outside the region failed ("torch.* op returned non-Tensor"). Loaded before
+    # and first traced inside a region, the reverse could happen (it did in this suite's order).
+    # A fresh interpreter per case: this one has settled Dynamo's tables already.
+    src = str(pathlib.Path(hpu_autocast.__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", _GUARDS_AFTER_DYNAMO, loaded], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": src})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16", "True"]

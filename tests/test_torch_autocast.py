@@ -15,6 +15,10 @@ Pinned elsewhere: ``torch.utils.checkpoint`` recomputing under the forward's reg
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -25,6 +29,8 @@ from torch.optim import optimizer as torch_optimizer
 
 import hpu_autocast
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, with_lists
+
+SRC = pathlib.Path(hpu_autocast.__file__).resolve().parents[1]  # this checkout's src, for fresh interpreters
 
 #: Policies a region is opened with: one that mirrors torch's CPU lists, one that does not.
 POLICIES = ["torch-cpu", "hpu"]
@@ -310,13 +316,11 @@ def test_register_autocast_ops_under_a_policy_that_does_not_mirror_torch_run_unc
     assert all(_same(x, y) for x, y in zip(ours, plain))  # Gaudi's lists name none of them
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: a kernel that torch-cpu registered for an op stays for every "
-                   "policy, and one with no rule for the op runs it with the ops key excluded, so the calls "
-                   "the op makes are no longer cast (MultiheadAttention's fast path under hpu, too)")
 def test_an_op_only_torch_cpu_names_is_passed_on_as_if_it_had_no_kernel(lib):
     # An op on no list of hpu's: its body's mul (on Gaudi's lower list) is cast by the region, as
     # a fallthrough lets it. Once a torch-cpu region has taken the op on (its register_autocast
-    # kernel), the engine's kernel for it is there in hpu regions too, and hides the body.
+    # kernel), the engine's kernel for it is there in hpu regions too; it must pass the op on
+    # below its key, not run it with the key off (which hid the body: float32, before the fix).
     name = f"{NS}::fresh"
     torch.library.define(name, "(Tensor x, Tensor y) -> Tensor", lib=lib)
     torch.library.impl(name, "CompositeExplicitAutograd", lambda x, y: torch.mul(x, y), lib=lib)
@@ -329,7 +333,32 @@ def test_an_op_only_torch_cpu_names_is_passed_on_as_if_it_had_no_kernel(lib):
     with HpuAutocastMode(policy="hpu"):
         after = OPS.fresh(x, y)
     assert before.dtype == torch.bfloat16
-    assert _same(after, before)  # fails: float32
+    assert _same(after, before)
+
+
+_MHA_AFTER_TORCH_CPU = """
+import torch
+from hpu_autocast import HpuAutocastMode
+torch.manual_seed(0)
+mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+q = torch.randn(2, 5, 16)
+def run(policy):
+    with torch.no_grad(), HpuAutocastMode(policy=policy):
+        return mha(q, q, q, need_weights=False)[0]
+before = run("hpu")
+run("torch-cpu")
+after = run("hpu")
+print(before.dtype, after.dtype, torch.equal(before, after))
+"""
+
+
+def test_an_hpu_region_casts_the_same_after_a_torch_cpu_region():
+    # MultiheadAttention's fast path (_native_multi_head_attention, on torch's lists only) under
+    # hpu: its insides are cast (bfloat16) in a fresh process, and were float32 once a torch-cpu
+    # region had registered a kernel for it. A fresh process: this one has run torch-cpu already.
+    out = subprocess.run([sys.executable, "-c", _MHA_AFTER_TORCH_CPU], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
+    assert out.split() == ["torch.bfloat16", "torch.bfloat16", "True"]
 
 
 def test_a_custom_op_on_a_policy_list_follows_the_list(lib):

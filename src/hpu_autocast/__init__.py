@@ -88,3 +88,7 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+from ._compile_guard import skip_package as _skip_package  # noqa: E402
+
+_skip_package()  # a process that already uses Dynamo: the kernels are not traced

@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
+from typing import Callable
 
 import torch
 
@@ -62,9 +63,73 @@ def _package_source():
     return ImportSource(_PACKAGE)
 
 
+def skip_package() -> None:
+    """Put this package on Dynamo's skip list, once Dynamo is loaded.
+
+    Dynamo evaluates every Python frame run under a compiled function, and a kernel is a
+    Python frame: in a compiled function that opens a region itself (whose ``with`` breaks the
+    graph), the ops run eagerly after the break would have Dynamo trace the engine, with graph
+    breaks per tensor and, on some torch versions, failures inside it. Skipped, the package's
+    code runs as plain Python there; the kernels still run inside the tracing of a graph
+    (fake tensors, AOT), which is how the casts get into it."""
+    global skipped
+    if skipped or "torch._dynamo" not in sys.modules:
+        return
+    skipped = True
+    try:
+        from torch._dynamo import trace_rules
+
+        trace_rules.add(__package__)
+    except Exception:  # pragma: no cover - a torch without it: Dynamo traces into the package
+        pass
+
+
+skipped = False
+
+
+def settle_torch_rules(pairs: Callable[[], list]) -> None:
+    """Teach Dynamo, once it is loaded, that each ``(torch's, ours)`` pair ``pairs()`` gives is one
+    function: whichever its tables hold, they then hold both, with the same rule.
+
+    [Note: Dynamo's tables and the patched getters]
+    Dynamo knows torch's functions by identity, in tables built at two times: the getters it
+    folds to constants (``torch.is_autocast_enabled`` among them) when it is imported, the rest
+    at its first trace (``trace_rules.get_torch_obj_rule_map``). While a region is open,
+    ``torch.is_autocast_enabled`` is the region's getter (``_torch_autocast``), so a table built
+    then holds ours and one built outside holds torch's; a getter in one table and not in the
+    other goes into the graph as a torch op that returns no tensor, and the compile fails. This
+    adds entries for our functions (and torch's, where a table was built inside a region); it
+    changes no rule of torch's. Called when the first region opens and when the last closes,
+    until Dynamo is loaded and both its tables are settled."""
+    global _rules_settled
+    if _rules_settled or "torch._dynamo" not in sys.modules:
+        return
+    try:
+        from torch._dynamo.trace_rules import get_torch_obj_rule_map
+        from torch._dynamo.variables import torch as torch_variables
+    except ImportError:  # pragma: no cover - a torch without these tables has nothing to disagree
+        _rules_settled = True
+        return
+    tables = [get_torch_obj_rule_map()]
+    for name in ("constant_fold_functions", "constant_fold_functions_need_guards"):
+        table = getattr(torch_variables, name, None)
+        if isinstance(table, dict):
+            tables.append(table)
+    for table in tables:
+        for theirs, ours in pairs():
+            for known, other in ((theirs, ours), (ours, theirs)):
+                if known in table and other not in table:
+                    table[other] = table[known]
+    _rules_settled = True
+
+
+_rules_settled = False
+
+
 def install() -> None:
     """Guard the frame Dynamo is tracing on the innermost region's state (idempotent: Dynamo's
     guard set deduplicates equal guards)."""
+    skip_package()
     try:
         from torch._dynamo.guards import GuardBuilder, install_guard
         from torch._dynamo.source import AttrSource

@@ -364,8 +364,13 @@ def _make_kernel(op: OpOverload) -> Callable:
     call = op._op
 
     tracing = _compile_guard.tracing
+    below = torch._C._dispatch_keyset_full_after(ops_key)
+    # Positional arguments typed Tensor: a Python kernel receives a wrapped scalar (the 3 of
+    # x / 3) there as a Python number, which a boxed redispatch refuses.
+    slots = tuple(i for i, a in enumerate(op._schema.arguments)
+                  if not a.kwarg_only and isinstance(a.type, torch._C.TensorType))
 
-    def kernel(*args, **kwargs):
+    def kernel(keyset, *args, **kwargs):
         frame = _get_frame()
         if frame is None or frame.region.closed:
             frame = innermost()
@@ -382,8 +387,12 @@ def _make_kernel(op: OpOverload) -> Callable:
                 rule = frame.region.compiled.by_id.get(op_id)
                 if rule is not None:
                     return _unchanged(frame, rule, op, args, kwargs, Level.KERNEL, "disabled")
-        # Not this region's op: on, as if this key had no kernel for it.
-        return _pass_on(op, args, kwargs, ops_key)
+        # Not this region's op (another region's policy registered the kernel): on, as if this
+        # key had no kernel for it, so the calls it makes from C++ still reach the kernels.
+        for i in slots:
+            if i < len(args) and not isinstance(args[i], _Tensor):
+                return _pass_on(op, args, kwargs, ops_key)  # a wrapped scalar: an arithmetic op
+        return op.redispatch(keyset & below, *args, **kwargs)
 
     kernel.__name__ = kernel.__qualname__ = f"hpu_autocast_kernel[{op}]"
     return kernel

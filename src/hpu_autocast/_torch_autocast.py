@@ -331,14 +331,23 @@ def _by_owner(patched) -> tuple:
 _GROUPS = _by_owner(PATCHED)
 
 
+def _getter_pairs() -> list:
+    """(torch's function, ours) for each patched torch function."""
+    return [(_real[name], new) for owner, name, new in PATCHED if owner in (torch, torch._C)]
+
+
 def _acquire() -> None:
     """A region opens: install the patches if it is the first open in the process."""
     global _open
+    if not _compile_guard.skipped:
+        _compile_guard.skip_package()
     with _lock:
         if _open == 0:
             for namespace, names, new in _GROUPS:
                 for name in names:
                     _real[name] = namespace[name]  # read each time: another library may patch too
+            _compile_guard.settle_torch_rules(_getter_pairs)  # Note [Dynamo's tables and the patched getters]
+            for namespace, names, new in _GROUPS:
                 namespace.update(new)
             for hooks, hook in HOOKS:
                 hooks[_HOOK_KEY] = hook
@@ -352,6 +361,7 @@ def _release() -> None:
         _open -= 1
         if _open:
             return
+        _compile_guard.settle_torch_rules(_getter_pairs)  # Dynamo loaded inside the region
         for hooks, _ in HOOKS:
             hooks.pop(_HOOK_KEY, None)
         for namespace, names, new in _GROUPS:
