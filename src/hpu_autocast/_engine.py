@@ -477,6 +477,23 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
         _set_excluded(k.all, all_off)
 
 
+def _keys_off(k: "_dispatch.Keys") -> bool:
+    """Exclude the engine's keys around a call it handles (the call's insides are its own, as
+    native autocast excludes its key); returns whether the fallback's key was on, for ``_keys_on``."""
+    all_on = not _is_excluded(k.all)
+    _set_excluded(k.ops, True)
+    if all_on:
+        _set_excluded(k.all, True)
+    return all_on
+
+
+def _keys_on(k: "_dispatch.Keys", all_on: bool) -> None:
+    """Undo ``_keys_off``."""
+    _set_excluded(k.ops, False)
+    if all_on:
+        _set_excluded(k.all, False)
+
+
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
     """Apply ``rule`` to one call: decide the dtype, cast, call, report.
 
@@ -498,10 +515,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         dtypes = _eligible_dtypes(rule, args, kwargs, on_device, input_only)
         target = compute_dtype(action, dtypes, frame.dtype, rule.name) if dtypes else None
     k = _dispatch._keys
-    all_on = not _is_excluded(k.all)
-    _set_excluded(k.ops, True)
-    if all_on:
-        _set_excluded(k.all, True)
+    all_on = _keys_off(k)
     try:
         cast = _CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
         observer = region.observer
@@ -565,9 +579,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         if not on:
             # No tensor of the region's device: native autocast's kernel would not have been
             # reached, so the call goes on as if the engine were not there (no event).
-            _set_excluded(k.ops, False)
-            if all_on:
-                _set_excluded(k.all, False)
+            _keys_on(k, all_on)
             all_on = None
             return _pass_on(op, args, kwargs, k.ops, k.all)
         if rule.banned is not None:
@@ -586,9 +598,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         return out
     finally:
         if all_on is not None:
-            _set_excluded(k.ops, False)
-            if all_on:
-                _set_excluded(k.all, False)
+            _keys_on(k, all_on)
 
 
 def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_key):
@@ -727,10 +737,7 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
     its own."""
     k = _dispatch._keys
-    all_on = not _is_excluded(k.all)
-    _set_excluded(k.ops, True)
-    if all_on:
-        _set_excluded(k.all, True)
+    all_on = _keys_off(k)
     try:
         out = op._op(*args, **kwargs)
         observer = frame.region.observer
@@ -739,9 +746,7 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
                            _dtypes(args, kwargs), _first_floating(out), (), args, kwargs))
         return out
     finally:
-        _set_excluded(k.ops, False)
-        if all_on:
-            _set_excluded(k.all, False)
+        _keys_on(k, all_on)
 
 
 def _dtypes(args: tuple, kwargs: dict) -> tuple:

@@ -467,6 +467,16 @@ def watch_policy(dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Poli
 
 
 # --- check_policy: the mode run against a float32 run ---------------------------------------------
+
+def _put_back(t: torch.Tensor, saved: torch.Tensor) -> torch.Tensor:
+    """Give ``t`` the values of ``saved`` again, in place where it still has their dtype and shape."""
+    if t.dtype == saved.dtype and t.shape == saved.shape:
+        t.copy_(saved)
+    else:
+        t.data = saved.clone()
+    return t
+
+
 class _Snapshot:
     """The parameters, gradients and buffers of the modules a run touches, to run again from
     the same state and to compare what each run wrote."""
@@ -489,18 +499,10 @@ class _Snapshot:
     def restore(self) -> None:
         for m, _, params, grads, bufs in self.entries.values():
             for n, (t, saved) in params.items():
-                m._parameters[n] = t
-                if t.dtype == saved.dtype and t.shape == saved.shape:
-                    t.copy_(saved)
-                else:
-                    t.data = saved.clone()
+                m._parameters[n] = _put_back(t, saved)
                 t.grad = None if grads[n] is None else grads[n].clone()
             for n, (t, saved) in bufs.items():
-                m._buffers[n] = t
-                if t.dtype == saved.dtype and t.shape == saved.shape:
-                    t.copy_(saved)
-                else:
-                    t.data = saved.clone()
+                m._buffers[n] = _put_back(t, saved)
 
     def state(self) -> Dict[str, tuple]:
         """``name -> (dtype, changed, finite, kind, module path)`` for each parameter, gradient and
