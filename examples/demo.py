@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     tokens = torch.randint(0, 50, (16, 12), device=device)
     labels = tokens[:, 0] % 4
 
-    recorder = hpu_autocast.report.Recorder()
+    recorder = hpu_autocast.Recorder(policy=args.policy, dtype=torch.bfloat16)  # the report header
     for step in range(args.steps):
         with HpuAutocastMode(torch.bfloat16, policy=args.policy, observer=recorder):
             loss = F.cross_entropy(model(tokens), labels)
