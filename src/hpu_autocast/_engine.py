@@ -109,6 +109,7 @@ class Frame:
 
 _FRAME: ContextVar[Optional[Frame]] = ContextVar("hpu_autocast_frame", default=None)
 _get_frame = _FRAME.get
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 # Autograd runs backward on worker threads of its own (CUDA), which start with an empty context
 # but inherit the caller's thread-local state, torch's Python objects stashed there included
@@ -374,7 +375,7 @@ def _make_kernel(op: OpOverload) -> Callable:
         frame = _get_frame()
         if frame is None or frame.region.closed:
             frame = innermost()
-        if tracing():
+        if _dispatch_modes() and tracing():  # tracing runs under a mode (fake tensors): eager skips the ask
             _compile_guard.install()
         if frame is not None:
             rule = frame.rules.get(op_id)
