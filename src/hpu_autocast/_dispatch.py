@@ -148,13 +148,10 @@ class Keys:
                 lib = self._lib(ns)
                 overload = op._overloadname
                 # with_keyset: the kernel gets the call's dispatch key set, to pass an op it has
-                # no rule for on below its key as a fallthrough would (_engine._fall_through).
+                # no rule for on below its key as a fallthrough would (_engine._make_kernel).
                 lib.impl(name if overload == "default" else f"{name}.{overload}", self._make_kernel(op),
                          self.ops_name, with_keyset=True)
                 self._registered.add(op)
-
-    def registered(self, op: OpOverload) -> bool:
-        return op in self._registered
 
 
 def _fall_through(key_name: str) -> Library:

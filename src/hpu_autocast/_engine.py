@@ -241,11 +241,7 @@ def enter(region: Region) -> None:
                 k.register(native)
     if region.observes:
         k.prepare_fallback()
-    parent = _get_frame()
-    if parent is None:
-        parent = _inherited()
-    elif parent.region.closed:
-        parent = innermost()
+    parent = innermost()
     if parent is not None:
         # As torch.autocast: one cast cache for the outermost region and all nested in it.
         region.cache = parent.region.cache
@@ -467,15 +463,8 @@ def _pass_on(op: OpOverload, args: tuple, kwargs: dict, *keys) -> object:
 
 def _notify(observer: Callable[[Event], None], event: Event) -> None:
     """Call the observer with the engine's keys off: its own torch calls are not the user's."""
-    k = _dispatch._keys
-    ops_off, all_off = _is_excluded(k.ops), _is_excluded(k.all)
-    _set_excluded(k.ops, True)
-    _set_excluded(k.all, True)
-    try:
+    with keys_excluded():
         observer(event)
-    finally:
-        _set_excluded(k.ops, ops_off)
-        _set_excluded(k.all, all_off)
 
 
 def _keys_off(k: "_dispatch.Keys") -> bool:
@@ -538,16 +527,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                         if dt is not target and target is not None and not (protected and i in protected):
                             if new_args is None:
                                 new_args = list(args)
-                            hit = cache.get((id(a), target)) if cache is not None else None
-                            if (hit is not None and hit[0]() is a and (hit[1] is None or hit[1] == a._version)
-                                    and (hit[3] or not (a.requires_grad and _grad_enabled()))):
-                                # Served from the cast cache (see _cast), the common case inlined.
-                                new_args[i] = hit[2]
-                                if casts is not None:
-                                    casts.append(Cast(rule.arg_names[i], dt, target,
-                                                      hit[2].numel() * target.itemsize, True, a))
-                            else:
-                                new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i], lower)
+                            new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i], lower)
                 if input_only:
                     break
             elif type(a) is list or type(a) is tuple:
