@@ -292,8 +292,8 @@ def _counted(fn, **mode_kwargs):
 def test_report_counts_the_casts_of_a_layer_called_twice_under_no_grad():
     # Failed on 5407e8a (4 counted where 6 were made): the report had its own copy of the
     # engine's caching rule. Now it counts the casts the engine reports: under no_grad the
-    # copies of x (a leaf no gradient flows to), weight and bias serve the second call
-    # (_engine._cast, Note: the cast cache), so 3, as the casts that reached ATen.
+    # copies of weight and bias serve the second call, x (no gradient flows to it) is cast at
+    # each (_engine._cast, Note: the cast cache), so 4, as reached ATen, and as native casts.
     lin, x = nn.Linear(4, 3), torch.randn(2, 4)
 
     def twice():
@@ -301,7 +301,10 @@ def test_report_counts_the_casts_of_a_layer_called_twice_under_no_grad():
             lin(x)
             lin(x)
 
-    assert _counted(twice) == (3, 3)
+    native = _CastsBelow()
+    with native, torch.autocast("cpu", dtype=torch.bfloat16):
+        twice()
+    assert _counted(twice) == (4, 4) and native.casts == 4
 
 
 @pytest.mark.parametrize("call", ["torch.layer_norm", "F.layer_norm"])

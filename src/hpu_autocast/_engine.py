@@ -57,6 +57,10 @@ _ON_DEVICE = {"cpu": attrgetter("is_cpu"), "cuda": attrgetter("is_cuda"), "meta"
 _set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
 _is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+_inference_mode = torch.is_inference_mode_enabled
+_cache_on = torch._C.is_autocast_cache_enabled
+_set_cache_on = torch._C.set_autocast_cache_enabled
 
 
 class Region:
@@ -64,7 +68,7 @@ class Region:
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
                  "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
-                 "eager")
+                 "cache_was", "eager")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
                  enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None) -> None:
@@ -86,6 +90,8 @@ class Region:
         self.thread = 0
         #: Whether torch's own autocast for ``device_type`` was on at the entry (it is suspended).
         self.native_was_on = False
+        #: torch's autocast cache flag at the entry (restored at the exit), for a region with a policy.
+        self.cache_was: Optional[bool] = None
         #: Whether this region holds compiled code to eager (it observes; see _compile_guard).
         self.eager = False
 
@@ -254,6 +260,11 @@ def enter(region: Region) -> None:
     switch.sync(k)
     if region.observer is not None:
         region.eager = _compile_guard.observing_opened()
+    if compiled is not None:
+        # As torch.autocast's entry: torch's cache flag says what this region caches (the kernels
+        # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).
+        region.cache_was = _cache_on()
+        _set_cache_on(region.cache_enabled)
     if compiled is not None and region.device_type != "meta":  # torch.autocast has no meta device
         region.native_was_on = _native_is_enabled(region.device_type)
         if region.native_was_on:
@@ -292,6 +303,8 @@ def _close(region: Region) -> None:
     switch.sync(_dispatch._keys)
     if region.native_was_on:
         _native_set_enabled(region.device_type, True)
+    if region.cache_was is not None:
+        _set_cache_on(region.cache_was)
     frame = _get_frame()
     if frame is not None and frame.region is region:
         _set_frame(_open(frame.parent))
@@ -510,7 +523,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         cast = _CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
         observer = region.observer
         casts = [] if observer is not None else None
-        cache = region.cache if region.cache_enabled else None
+        cache = region.cache if _cache_on() else None
         lower = target is frame.dtype
         protected = rule.protected
         on = eligible = 0
@@ -587,10 +600,12 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
     consider (``OpRule.plain``), positional arguments, a region that does not observe (so the
     fallback's key needs no switching off). The same decisions, fewer steps: the cost of a cast
     op is this function."""
-    target = frame.dtype if rule.action is _LOWER else _FLOAT32
+    lower = rule.action is _LOWER
+    target = frame.dtype if lower else _FLOAT32
+    cast = _CAST[target]
     region = frame.region
     on_device = region.on_device
-    cache = region.cache if region.cache_enabled else None
+    cache = region.cache if _cache_on() else None
     new_args = list(args)
     on = False
     i = 0
@@ -600,12 +615,10 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
             if dt.is_floating_point and on_device(a):
                 on = True
                 if dt is not target and dt is not _FLOAT64:
-                    hit = cache.get((id(a), target)) if cache is not None else None
-                    if (hit is not None and hit[0]() is a and (hit[1] is None or hit[1] == a._version)
-                            and (hit[3] or not (a.requires_grad and _grad_enabled()))):
-                        new_args[i] = hit[2]
+                    if cache is not None and a.requires_grad:  # _cast's first test, done here: the hot path
+                        new_args[i] = _cast(a, dt, target, cast, cache, None, "", lower)
                     else:
-                        new_args[i] = _cast(a, dt, target, _CAST[target], cache, None, "", target is frame.dtype)
+                        new_args[i] = cast(a)
         elif type(a) is list or type(a) is tuple:
             return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)  # cat's lists: the long way
         i += 1
@@ -674,34 +687,40 @@ def _cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Callable,
           casts: Optional[list], arg: str, lower: bool) -> torch.Tensor:
     """``t`` (eligible, of dtype ``dt``) cast to ``target``, through the cast cache where it applies.
 
-    [Note: the cast cache] Within the outermost region, a leaf tensor cast once is not cast
-    again while it is unchanged (same object, same version counter):
-    * a float32 leaf that requires grad (a weight), cast to the lower dtype, as torch.autocast
-      caches it: its uses share one ``ToCopyBackward``, so their gradients meet in the lower
-      dtype before the cast back, bit for bit as native. As native, the copy serves until the
-      outermost region exits, also after an in-place update (an optimizer step inside the
-      region); a copy made under ``no_grad`` has no ``ToCopyBackward`` and serves only later
-      ``no_grad`` uses (native would hand it to a use with grad enabled too, and the weight
-      would get no gradient);
-    * any leaf no gradient flows to (inputs, masks, frozen weights, the activations of a
-      ``no_grad`` forward), to any dtype: the copy is the same values whoever asks, so a mask
-      that every layer applies, or one input of three projections, is cast once. Its entry goes
-      when the tensor does (a weak reference), so a ``no_grad`` forward keeps no copy of an
-      activation it has freed.
-    A region with ``cache_enabled=False`` (always so on HPU) casts every time."""
-    if cache is not None and t.is_leaf and not t._is_view():
+    [Note: the cast cache] The cache is native autocast's (``cached_cast`` in ATen's
+    ``autocast_mode.cpp``), entry for entry: within the outermost region, a **float32 leaf that
+    requires grad and is not a view** (a weight), cast **to the region's lower dtype**, is cast
+    once and its copy reused, so its uses share one ``ToCopyBackward`` and their gradients meet
+    in the lower dtype before the cast back, bit for bit as native. Under the conditions native
+    asks at every use: torch's autocast cache flag is on (``torch.is_autocast_cache_enabled()``:
+    the region sets it at entry, a nested ``torch.autocast(cache_enabled=False)`` clears it),
+    the weight requires grad now (one frozen with ``requires_grad_(False)`` is cast afresh), and
+    inference mode is off (a copy made there could never join a graph). A copy is made with grad
+    enabled, also under ``no_grad``, so a later use with grad gets the ``ToCopyBackward`` it needs.
+    As native, the copy serves until the outermost region exits, also after an in-place update
+    of the weight (an optimizer step inside the region): a region's weights are its constants.
+    Nothing else is cached (inputs, masks, frozen weights are cast at each use): their values
+    can change behind any version counter (``.data``, NumPy, DLPack), so no entry could be
+    proved fresh. One safe difference from native: entries are keyed by the dtype too, so a
+    nested ``torch.autocast`` of another dtype never receives a copy of the first.
+    ``cache_enabled=False`` (always so on HPU) casts every time."""
+    if (cache is not None and lower and dt is _FLOAT32 and t.requires_grad and t.is_leaf
+            and not t._is_view() and not _inference_mode()):
         key = (id(t), target)
         hit = cache.get(key)
-        grad = t.requires_grad and _grad_enabled()  # this use needs the copy's autograd edge
-        if hit is not None and hit[0]() is t and (hit[1] is None or hit[1] == t._version) and (hit[3] or not grad):
+        if hit is not None and hit[0]() is t:
             if casts is not None:
-                casts.append(Cast(arg, dt, target, hit[2].numel() * target.itemsize, True, t))
-            return hit[2]
-        c = cast(t)
-        if not t.requires_grad:
-            cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), t._version, c, False)
-        elif dt is _FLOAT32 and lower:
-            cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), None, c, grad)
+                casts.append(Cast(arg, dt, target, hit[1].numel() * target.itemsize, True, t))
+            return hit[1]
+        if _grad_enabled():
+            c = cast(t)
+        else:
+            _set_grad_enabled(True)
+            try:
+                c = cast(t)
+            finally:
+                _set_grad_enabled(False)
+        cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), c)
     else:
         c = cast(t)
     if casts is not None:
