@@ -129,3 +129,67 @@ def test_a_weight_used_twice_shares_one_cast_as_native():
 
     for o, n in zip(run(_ours()), run(_native())):
         assert _same(o, n)
+
+
+# --- in-place and out= overloads a policy names: computed in its dtype, written back -----------
+
+def _policy(**lists):
+    return hpu_autocast.with_lists(hpu_autocast.get_preset("torch-cpu"), **lists)
+
+
+def test_a_named_out_overload_writes_its_result_into_the_callers_tensor():
+    # Was: c left all zeros (the write went into a cast copy of c).
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    c = torch.zeros(4, 5)
+    with HpuAutocastMode(BF, policy=_policy(lower=["mm.out"])):
+        r = torch.mm(a, b, out=c)
+    assert r is c and c.dtype == torch.float32
+    assert torch.equal(c, torch.mm(a.bfloat16(), b.bfloat16()).float())   # the hand-cast control
+
+
+def test_a_named_out_overload_resizes_the_callers_tensor_as_the_op_would():
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    c = torch.empty(0)
+    with HpuAutocastMode(BF, policy=_policy(lower=["mm.out"])):
+        torch.mm(a, b, out=c)
+    assert c.shape == (4, 5) and torch.equal(c, torch.mm(a.bfloat16(), b.bfloat16()).float())
+
+
+def test_a_named_inplace_overload_computes_in_the_policy_dtype_and_keeps_the_callers():
+    # Was: "self and mat2 must have the same dtype" (self left float32, mat1 and mat2 cast).
+    torch.manual_seed(0)
+    a, b, c = torch.randn(4, 3), torch.randn(3, 5), torch.randn(4, 5)
+    expected = torch.addmm(c.bfloat16(), a.bfloat16(), b.bfloat16()).float()
+    with HpuAutocastMode(BF, policy=_policy(lower=["addmm_"])):
+        r = c.addmm_(a, b)
+    assert r is c and c.dtype == torch.float32 and torch.equal(c, expected)
+
+
+def test_a_named_inplace_overload_keeps_its_gradient():
+    torch.manual_seed(0)
+    a = torch.randn(4, 3, requires_grad=True)
+    b, c0 = torch.randn(3, 5), torch.randn(4, 5, requires_grad=True)
+
+    def run(policy):
+        c = c0 * 1
+        with HpuAutocastMode(BF, policy=policy):
+            c.addmm_(a, b)
+        c.sum().backward()
+        return c.detach(), a.grad.clone(), c0.grad.clone()
+
+    ours = run(_policy(lower=["addmm_"]))
+    a.grad = c0.grad = None
+    c = c0 * 1
+    c.copy_(torch.addmm(c.bfloat16(), a.bfloat16(), b.bfloat16()))     # the hand-cast control
+    c.sum().backward()
+    assert torch.equal(ours[0], c.detach()) and torch.equal(ours[1], a.grad) and torch.equal(ours[2], c0.grad)
+
+
+def test_a_promoted_inplace_op_counts_its_self():
+    # A float32 self and a bfloat16 other: add_ promotes to float32, as eager add_ computes.
+    c, x = torch.randn(4), torch.randn(4).bfloat16()
+    expected = c + x.float()
+    with HpuAutocastMode(BF, policy=_policy(promote=["add_.Tensor"])):
+        c.add_(x)
+    assert torch.equal(c, expected)

@@ -563,6 +563,8 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         if kwargs and not input_only:
             new_kwargs = dict(kwargs)
             for n, v in kwargs.items():
+                if n in rule.written_names:
+                    continue  # out=: not an input (_into deals with it)
                 if isinstance(v, _Tensor) and v.is_floating_point() and on_device(v):
                     on += 1
                     dt = v.dtype
@@ -578,7 +580,14 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
             return _pass_on(op, args, kwargs, k.ops, k.all)
         if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
-        out = op._op(*(args if new_args is None else new_args), **new_kwargs)
+        if rule.into and target is not None:
+            new_args, new_kwargs, written = _into(rule, args if new_args is None else new_args, new_kwargs, target,
+                                                  on_device)
+            out = op._op(*new_args, **new_kwargs)
+            if written:
+                out = _write_back(written, out)
+        else:
+            out = op._op(*(args if new_args is None else new_args), **new_kwargs)
         if observer is not None:
             if eligible:
                 # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
@@ -631,6 +640,56 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
         _set_excluded(ops_key, False)
 
 
+def _into(rule: OpRule, args, kwargs: dict, target: torch.dtype, on_device) -> tuple:
+    """Point the tensors an in-place or ``out=`` overload writes and returns at copies in the
+    dtype it computes in, where theirs differs: ``(args, kwargs, [(tensor, copy), ...])``.
+
+    [Note: named in-place and out= overloads] A policy that names ``addmm_`` or ``mm.out`` asks
+    for the computation in its dtype; the caller's tensor keeps its own. So the op computes
+    into a copy in that dtype (an in-place op's ``self`` is also an input: the copy holds its
+    values), and the result is written back into the caller's tensor, rounded to its dtype: a
+    float32 ``c`` after ``torch.mm(a, b, out=c)`` under a LOWER rule holds
+    ``torch.mm(a.bfloat16(), b.bfloat16()).float()``. A write is never lost to a copy, and the
+    caller gets its own tensor back. Float64 and non-floating outputs are left as they are."""
+    written = []
+    new_args = args
+    for i, a in enumerate(rule.op._schema.arguments):
+        if a.name not in rule.into:
+            continue
+        if a.kwarg_only:
+            t = kwargs.get(a.name)
+        else:
+            t = args[i] if i < len(args) else None
+        if not (isinstance(t, _Tensor) and t.dtype is not target and t.is_floating_point()
+                and t.dtype is not _FLOAT64 and on_device(t)):
+            continue
+        copy = t.to(target)
+        written.append((t, copy))
+        if a.kwarg_only:
+            kwargs = dict(kwargs)
+            kwargs[a.name] = copy
+        else:
+            new_args = list(new_args)
+            new_args[i] = copy
+    return new_args, kwargs, written
+
+
+def _write_back(written: list, out):
+    """Copy each computed ``copy`` into its caller's tensor and return what the op would have
+    returned with the caller's tensors (see ``_into``)."""
+    swap = {}
+    for t, copy in written:
+        if t.shape != copy.shape:
+            t.resize_(copy.shape)  # out= tensors are resized to the result, as the op would
+        t.copy_(copy)
+        swap[id(copy)] = t
+    if isinstance(out, _Tensor):
+        return swap.get(id(out), out)
+    if isinstance(out, (tuple, list)):
+        return type(out)(swap.get(id(o), o) if isinstance(o, _Tensor) else o for o in out)
+    return out
+
+
 def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict):
     """Leave the call to native autocast's kernel for the op (``Policy.native``): its key is
     switched on for this one call, with the region's dtype, and the engine's keys off."""
@@ -664,10 +723,12 @@ _CAST = {torch.bfloat16: _Tensor.bfloat16, torch.float16: _Tensor.half, torch.fl
 def _eligible_dtypes(rule: OpRule, args: tuple, kwargs: dict, on_device, input_only: bool) -> list:
     """The eligible inputs' dtypes in argument order (PROMOTE and FIRST decide from them). An
     argument the op writes counts under FIRST: HPU's iadd keeps the dtype of its ``self``."""
+    # An in-place op's self counts (it is an input too; FIRST takes its dtype), other written
+    # arguments do not (running statistics, out=).
     protected = rule.protected if rule.action is not CastPolicy.FIRST else ()
     dtypes = []
     for i, a in enumerate(args):
-        if i in protected:
+        if i in protected and (i or "self" not in rule.into):
             continue
         if isinstance(a, _Tensor):
             if a.is_floating_point() and a.dtype is not _FLOAT64 and on_device(a):
@@ -678,8 +739,8 @@ def _eligible_dtypes(rule: OpRule, args: tuple, kwargs: dict, on_device, input_o
             dtypes.extend(t.dtype for t in a if isinstance(t, _Tensor) and t.is_floating_point()
                           and t.dtype is not _FLOAT64 and on_device(t))
     if not input_only:
-        dtypes.extend(v.dtype for v in kwargs.values() if isinstance(v, _Tensor) and v.is_floating_point()
-                      and v.dtype is not _FLOAT64 and on_device(v))
+        dtypes.extend(v.dtype for n, v in kwargs.items() if isinstance(v, _Tensor) and v.is_floating_point()
+                      and v.dtype is not _FLOAT64 and on_device(v) and n not in rule.written_names)
     return dtypes
 
 

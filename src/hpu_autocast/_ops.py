@@ -103,6 +103,18 @@ def written_positions(op: OpOverload) -> tuple:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=None)
+def result_positions(op: OpOverload) -> tuple:
+    """The written arguments ``op`` returns (an in-place ``self``, ``out=``): ``((index, name), ...)``.
+    Its other writes (batch norm's running statistics) are side effects."""
+    returned = set()
+    for r in op._schema.returns:
+        if r.alias_info is not None and r.alias_info.is_write:
+            returned |= set(r.alias_info.before_set)
+    return tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write and set(a.alias_info.before_set) & returned)
+
+
 def qualified_name(op: OpOverload) -> str:
     """``aten.addmm.default`` spelled as Python does."""
     return str(op)

@@ -22,7 +22,7 @@ __all__ = ["OpRule", "CompiledPolicy", "compile_policy"]
 class OpRule:
     """How one overload is handled."""
 
-    __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "banned",
+    __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "written_names", "into", "banned",
                  "arg_names", "takes_dtype", "default", "native", "plain")
 
     def __init__(self, op: OpOverload, action: Optional[CastPolicy], input_only: bool = False,
@@ -33,7 +33,13 @@ class OpRule:
         self.input_only = input_only
         # An input-only norm whose kernel off CPU/HPU needs its weight in the input's dtype.
         self.params_follow = input_only and _ops.op_base_name(op) in _ops.PARAMS_FOLLOW_INPUT
-        self.protected = frozenset(i for i, _ in _ops.written_positions(op))
+        written = _ops.written_positions(op)
+        self.protected = frozenset(i for i, _ in written)
+        #: The same by name: a keyword argument (``out=``) is never replaced by a cast copy either.
+        self.written_names = frozenset(name for _, name in written)
+        #: The written arguments the op returns (an in-place ``self``, ``out=``), by name: the op
+        #: computes into copies in its dtype, written back into them (``_engine._write_back``).
+        self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
         #: Whether a call can pass a dtype (then it has no rule: seed 003's explicit ``dtype=``).
