@@ -30,6 +30,19 @@ PARAMS_FOLLOW_INPUT = frozenset({"layer_norm", "native_layer_norm", "group_norm"
 MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
 
 
+#: [Note: fused fast paths] The fused kernels PyTorch's modules call on their inference fast
+#: path (``nn.TransformerEncoderLayer``, ``nn.TransformerEncoder``, ``nn.MultiheadAttention``
+#: in eval under no_grad). Their C++ insides call some ATen ops through the dispatcher (which
+#: reach a region's kernels) and others directly (which do not), so a policy that casts some of
+#: the ops inside feeds a bfloat16 activation to a float32 GEMM ("mat1 and mat2 must have the
+#: same dtype"). torch guards these paths with ``torch.is_autocast_enabled()``, which asks about
+#: CUDA alone: on CUDA a region answers it and the modules take their slow path; on CPU they
+#: do not, and native CPU autocast's lists happen to agree with the insides. Policies that are
+#: not native's run each of these ops whole: promoted to its widest floating input, with the
+#: region's kernels kept out of its insides (``_table.CompiledPolicy``).
+FUSED_FAST_PATHS = ("_transformer_encoder_layer_fwd", "_native_multi_head_attention")
+
+
 def overloads(packet: OpOverloadPacket) -> Iterator[OpOverload]:
     """The overloads of ``packet`` that exist in the dispatcher (TorchScript-only ones such as
     ``aten::mul.left_t`` are skipped)."""

@@ -45,7 +45,8 @@ class OpRule:
         #: Whether a call can pass a dtype (then it has no rule: seed 003's explicit ``dtype=``).
         self.takes_dtype = any("ScalarType" in str(getattr(a, "real_type", a.type)) for a in op._schema.arguments)
         #: Which of the policy's defaults for ops on no list made this rule (HMP): ``"unlisted"``
-        #: (functional ops) or ``"in-place"``; ``None`` for a rule of the table.
+        #: (functional ops) or ``"in-place"``; ``"fused"`` for a fused fast path (Note [fused fast
+        #: paths] in _ops); ``None`` for a rule of the table.
         self.default = default
         #: The native autocast key this op is left to (``Policy.native``; its action is then
         #: ``None``): the kernel registered there casts as it was registered to.
@@ -80,6 +81,12 @@ class CompiledPolicy:
         for op, message in banned.items():
             if op not in self.rules:
                 self.rules[op] = OpRule(op, CastPolicy.FP32, False, message)
+        if policy.native is None:  # Note [fused fast paths] (_ops)
+            for name in _ops.FUSED_FAST_PATHS:
+                packet = getattr(torch.ops.aten, name, None)
+                for op in _ops.overloads(packet) if packet is not None else ():
+                    if op not in self.rules:
+                        self.rules[op] = OpRule(op, CastPolicy.PROMOTE, default="fused")
         #: The same rules keyed by ``id(op)``, which hashes in C (the kernels look them up).
         self.by_id: Dict[int, OpRule] = {id(op): rule for op, rule in self.rules.items()}
         #: Whether ops on no list may still have a rule (HMP's ``unlisted``/``inplace``).
