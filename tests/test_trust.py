@@ -256,3 +256,33 @@ def test_a_fused_fast_path_under_torch_cpu_is_natives(path):
         with _native():
             native = call(m, x)
     assert _same(ours, native)
+
+
+# --- turning casting off inside torch.autocast ------------------------------------------------
+
+@pytest.mark.parametrize("off", ["disable_casts", "enabled=False", "enabled=False, device_type=cpu"])
+def test_turning_casting_off_inside_torch_autocast_turns_torchs_off_too(off):
+    # Was: native casting stayed on (mm ran in bfloat16), though the README says these turn
+    # casting off for their block, as torch.autocast(enabled=False) does.
+    make = {"disable_casts": disable_casts, "enabled=False": lambda: HpuAutocastMode(enabled=False),
+            "enabled=False, device_type=cpu": lambda: HpuAutocastMode(enabled=False, device_type="cpu")}[off]
+    a = torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=BF):
+        with make():
+            assert torch.mm(a, a).dtype == torch.float32
+            assert not torch.is_autocast_enabled("cpu")
+            with torch.autocast("cpu", enabled=False):
+                control = torch.mm(a, a)
+            assert torch.equal(torch.mm(a, a), control)
+        assert torch.is_autocast_enabled("cpu") and torch.mm(a, a).dtype == BF   # back on at the exit
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_disable_casts_inside_a_region_inside_torch_autocast():
+    a = torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=BF), HpuAutocastMode(torch.float16, policy="torch-cpu"):
+        assert torch.mm(a, a).dtype == torch.float16
+        with disable_casts():
+            assert torch.mm(a, a).dtype == torch.float32
+        assert torch.mm(a, a).dtype == torch.float16
+    assert not torch.is_autocast_enabled("cpu")

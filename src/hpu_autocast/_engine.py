@@ -68,10 +68,11 @@ class Region:
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
                  "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
-                 "cache_was", "eager")
+                 "cache_was", "eager", "every_device")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
-                 enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None) -> None:
+                 enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None,
+                 every_device: bool = False) -> None:
         self.compiled = compiled
         self.rules = compiled.by_id if enabled and compiled is not None else _EMPTY
         self.dtype = dtype
@@ -88,8 +89,11 @@ class Region:
         self.closed = False
         self.switch: Optional[_dispatch.ThreadSwitch] = None
         self.thread = 0
-        #: Whether torch's own autocast for ``device_type`` was on at the entry (it is suspended).
-        self.native_was_on = False
+        #: Whether a disabled region turns torch's own autocast off on every device (``disable_casts``),
+        #: not only on ``device_type``.
+        self.every_device = every_device
+        #: The device types whose torch autocast was on at the entry (it is suspended meanwhile).
+        self.native_was_on: Tuple[str, ...] = ()
         #: torch's autocast cache flag at the entry (restored at the exit), for a region with a policy.
         self.cache_was: Optional[bool] = None
         #: Whether this region holds compiled code to eager (it observes; see _compile_guard).
@@ -265,11 +269,23 @@ def enter(region: Region) -> None:
         # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).
         region.cache_was = _cache_on()
         _set_cache_on(region.cache_enabled)
-    if compiled is not None and region.device_type != "meta":  # torch.autocast has no meta device
-        region.native_was_on = _native_is_enabled(region.device_type)
-        if region.native_was_on:
-            _native_set_enabled(region.device_type, False)
+    # A region owns autocast for its device: torch's own is suspended there, so the innermost
+    # decides (a disabled one, disable_casts(), turns it off as torch.autocast(enabled=False)).
+    devices = _native_devices(k) if region.every_device and not region.enabled else (region.device_type,)
+    region.native_was_on = tuple(d for d in devices if d != "meta" and _native_is_enabled(d))
+    for d in region.native_was_on:
+        _native_set_enabled(d, False)
     _set_frame(Frame(region, parent, region.enabled, region.dtype))
+
+
+#: The device types torch.autocast casts for natively (``meta`` has none).
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia")
+
+
+def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
+    """Devices whose torch autocast a ``disable_casts()`` turns off: all but those whose autocast
+    keys this package borrowed (their state is the engine's own)."""
+    return tuple(d for d in _AUTOCAST_DEVICES if d not in (k.ops_device, k.all_device))
 
 
 def exit(region: Region) -> None:
@@ -301,8 +317,8 @@ def _close(region: Region) -> None:
             f"({here}); it is closed now, but regions are per thread, like torch.autocast: exit a region "
             "in the thread that entered it")
     switch.sync(_dispatch._keys)
-    if region.native_was_on:
-        _native_set_enabled(region.device_type, True)
+    for d in region.native_was_on:
+        _native_set_enabled(d, True)
     if region.cache_was is not None:
         _set_cache_on(region.cache_was)
     frame = _get_frame()

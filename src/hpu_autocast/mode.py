@@ -131,8 +131,9 @@ class HpuAutocastMode:
             observer = combine_observers(observer, make_log_observer() if self.verbose else None, self._recorder)
         compiled = compile_policy(self.policy) if self.enabled else None
         device = self.device_type or _outer_device()
+        # A disabled region given no device turns all casting off, torch.autocast's too (disable_casts).
         region = _engine.Region(compiled, self.dtype, device, self.enabled, self.cache_enabled,
-                                observer if self.enabled else None)
+                                observer if self.enabled else None, every_device=self.device_type is None)
         _engine.enter(region)
         self._region = region
         return self
