@@ -286,3 +286,37 @@ def test_disable_casts_inside_a_region_inside_torch_autocast():
             assert torch.mm(a, a).dtype == torch.float32
         assert torch.mm(a, a).dtype == torch.float16
     assert not torch.is_autocast_enabled("cpu")
+
+
+# --- threads ---------------------------------------------------------------------------------------
+
+def _probe(x):
+    return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled(),
+            torch._C._is_any_autocast_enabled(), torch.mm(x, x).dtype)
+
+
+@pytest.mark.parametrize("how", ["thread", "copied context", "asyncio.to_thread"])
+def test_guards_in_a_worker_thread_a_region_spawns_answer_as_natives(how):
+    # Was (copied context): the guards said fp16 casting was on in the worker, where no op was
+    # cast (the region's dispatch key is on in its own thread only).
+    import asyncio
+    import contextvars
+
+    x = torch.randn(4, 4)
+
+    def spawn():
+        if how == "asyncio.to_thread":
+            return asyncio.run(asyncio.to_thread(_probe, x))
+        ctx = contextvars.copy_context()
+        out = []
+        target = (lambda: out.append(ctx.run(_probe, x))) if how == "copied context" else (lambda: out.append(_probe(x)))
+        t = threading.Thread(target=target)
+        t.start()
+        t.join(10)
+        return out[0]
+
+    with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
+        native = spawn()
+    with HpuAutocastMode(torch.float16, policy="torch-cpu", cache_enabled=False):
+        ours = spawn()
+    assert ours == native

@@ -186,6 +186,10 @@ def innermost() -> Optional[Frame]:
     frame = _get_frame()
     if frame is None:
         return _inherited()
+    if frame.region.thread != threading.get_ident():
+        # A context copied into another thread (asyncio.to_thread, contextvars' run): the region's
+        # keys are on in its own thread only, so it does not cast here, and its guards say so.
+        return _inherited()
     return _open(frame) if frame.region.closed else frame
 
 
@@ -289,10 +293,17 @@ def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
 
 
 def exit(region: Region) -> None:
-    """Close ``region``. Out of order or from another context, it is closed all the same (frames
-    of closed regions are skipped); from another thread, it is closed and ``RuntimeError`` says so."""
+    """Close ``region``. Out of order or from another context of its thread, it is closed all the
+    same (frames of closed regions are skipped). From another thread, ``RuntimeError`` refuses
+    it and nothing changes: a thread's dispatch keys are its own and only it can switch them off."""
     if region.closed:
         raise RuntimeError("this region was already exited")
+    here = threading.get_ident()
+    if region.thread != here:
+        raise RuntimeError(
+            f"hpu_autocast: a region entered in thread {region.thread} was exited from another thread "
+            f"({here}); it stays open there: regions are per thread, like torch.autocast: exit a region "
+            "in the thread that entered it")
     try:
         _close(region)
     finally:
@@ -310,12 +321,6 @@ def _close(region: Region) -> None:
         region.cache.clear()
     if region.eager:
         _compile_guard.observing_closed(True)
-    here = threading.get_ident()
-    if region.thread != here:
-        raise RuntimeError(
-            f"hpu_autocast: a region entered in thread {region.thread} was exited from another thread "
-            f"({here}); it is closed now, but regions are per thread, like torch.autocast: exit a region "
-            "in the thread that entered it")
     switch.sync(_dispatch._keys)
     for d in region.native_was_on:
         _native_set_enabled(d, True)
