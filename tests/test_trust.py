@@ -320,3 +320,17 @@ def test_guards_in_a_worker_thread_a_region_spawns_answer_as_natives(how):
     with HpuAutocastMode(torch.float16, policy="torch-cpu", cache_enabled=False):
         ours = spawn()
     assert ours == native
+
+
+def test_the_cache_flag_survives_regions_that_exit_out_of_order():
+    # Was: hmp.convert's region (cache off) reset under a later region left torch's flag off for
+    # the rest of the process, and native autocast stopped caching weights.
+    before = torch.is_autocast_cache_enabled()
+    outer = HpuAutocastMode(policy="torch-cpu", cache_enabled=False)
+    inner = HpuAutocastMode(policy="torch-cpu", cache_enabled=True)
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)
+    assert torch.is_autocast_cache_enabled() is True       # the inner region is in force
+    inner.__exit__(None, None, None)
+    assert torch.is_autocast_cache_enabled() is before

@@ -61,6 +61,7 @@ _set_grad_enabled = torch._C._set_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 _cache_on = torch._C.is_autocast_cache_enabled
 _set_cache_on = torch._C.set_autocast_cache_enabled
+_thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
 
 
 class Region:
@@ -68,7 +69,7 @@ class Region:
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
                  "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
-                 "cache_was", "eager", "every_device")
+                 "eager", "every_device")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
                  enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None,
@@ -94,8 +95,6 @@ class Region:
         self.every_device = every_device
         #: The device types whose torch autocast was on at the entry (it is suspended meanwhile).
         self.native_was_on: Tuple[str, ...] = ()
-        #: torch's autocast cache flag at the entry (restored at the exit), for a region with a policy.
-        self.cache_was: Optional[bool] = None
         #: Whether this region holds compiled code to eager (it observes; see _compile_guard).
         self.eager = False
 
@@ -268,10 +267,11 @@ def enter(region: Region) -> None:
     switch.sync(k)
     if region.observer is not None:
         region.eager = _compile_guard.observing_opened()
+    if switch.ops == 1:
+        _thread.cache_was = _cache_on()  # the first region open in this thread: torch's flag before
     if compiled is not None:
         # As torch.autocast's entry: torch's cache flag says what this region caches (the kernels
         # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).
-        region.cache_was = _cache_on()
         _set_cache_on(region.cache_enabled)
     # A region owns autocast for its device: torch's own is suspended there, so the innermost
     # decides (a disabled one, disable_casts(), turns it off as torch.autocast(enabled=False)).
@@ -324,11 +324,16 @@ def _close(region: Region) -> None:
     switch.sync(_dispatch._keys)
     for d in region.native_was_on:
         _native_set_enabled(d, True)
-    if region.cache_was is not None:
-        _set_cache_on(region.cache_was)
     frame = _get_frame()
     if frame is not None and frame.region is region:
         _set_frame(_open(frame.parent))
+    # torch's cache flag follows the innermost region still open (regions may exit out of
+    # order: hmp.reset under a later region), else goes back to what it was before the first.
+    inner = innermost()
+    if switch.ops == 0:
+        _set_cache_on(getattr(_thread, "cache_was", True))
+    elif inner is not None and inner.region.compiled is not None:
+        _set_cache_on(inner.region.cache_enabled)
 
 
 @contextlib.contextmanager
