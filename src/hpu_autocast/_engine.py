@@ -275,11 +275,19 @@ def enter(region: Region) -> None:
         _set_cache_on(region.cache_enabled)
     # A region owns autocast for its device: torch's own is suspended there, so the innermost
     # decides (a disabled one, disable_casts(), turns it off as torch.autocast(enabled=False)).
-    devices = _native_devices(k) if region.every_device and not region.enabled else (region.device_type,)
-    region.native_was_on = tuple(d for d in devices if d != "meta" and _native_is_enabled(d))
-    for d in region.native_was_on:
-        _native_set_enabled(d, False)
+    if region.every_device and not region.enabled:
+        region.native_was_on = _suspend(_native_devices(k))
+    elif region.device_type != "meta" and _native_is_enabled(region.device_type):  # no meta autocast
+        region.native_was_on = _suspend((region.device_type,))
     _set_frame(Frame(region, parent, region.enabled, region.dtype))
+
+
+def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
+    """Turn torch's autocast off on ``devices`` where it is on; returns those (to turn back on)."""
+    on = tuple(d for d in devices if _native_is_enabled(d))
+    for d in on:
+        _native_set_enabled(d, False)
+    return on
 
 
 #: The device types torch.autocast casts for natively (``meta`` has none).
@@ -329,11 +337,12 @@ def _close(region: Region) -> None:
         _set_frame(_open(frame.parent))
     # torch's cache flag follows the innermost region still open (regions may exit out of
     # order: hmp.reset under a later region), else goes back to what it was before the first.
-    inner = innermost()
     if switch.ops == 0:
-        _set_cache_on(getattr(_thread, "cache_was", True))
-    elif inner is not None and inner.region.compiled is not None:
-        _set_cache_on(inner.region.cache_enabled)
+        _set_cache_on(_thread.cache_was)
+    else:
+        inner = innermost()
+        if inner is not None and inner.region.compiled is not None:
+            _set_cache_on(inner.region.cache_enabled)
 
 
 @contextlib.contextmanager
