@@ -264,6 +264,18 @@ def test_bad_settings_are_refused_at_once():
         HpuAutocastPrecision(no_such_setting=1)
 
 
+def test_on_gaudi_the_region_is_for_hpu_tensors_and_bfloat16_only(monkeypatch):
+    import _fake_habana
+
+    _fake_habana.install(monkeypatch)  # the bridge is loaded: this process runs on Gaudi
+    plugin = HpuAutocastPrecision()
+    mode = plugin.autocast_context_manager()
+    assert plugin.device == mode.device_type == "hpu" and plugin.scaler is None
+    assert mode.cache_enabled is False and mode is not plugin.autocast_context_manager()  # one per step
+    with pytest.raises(ValueError, match="dtype=float16 is not supported on HPU"):
+        HpuAutocastPrecision(torch.float16, policy="torch-cpu")
+
+
 def test_the_plugin_names_its_settings():
     assert repr(HpuAutocastPrecision(policy="torch-cpu")) == \
         "HpuAutocastPrecision(dtype=torch.bfloat16, policy='torch-cpu')"
