@@ -11,7 +11,7 @@ The public names (``__all__``), by what they are for:
 * the region: ``HpuAutocastMode``, ``disable_casts``; inside one, ``is_enabled``, ``get_dtype``,
   ``get_policy``;
 * policies: ``Policy``, ``CastPolicy``, ``get_preset``, ``preset_names``, ``build_policy``,
-  ``with_lists``, ``resolve``, ``PolicyError``;
+  ``with_lists``, ``policy_from_gaudi_config``, ``resolve``, ``PolicyError``;
 * what ran: ``record``, ``Recorder``, ``PrecisionReport``, ``Event`` (and the ``events`` module),
   ``op_graph``, ``compare``, ``Comparison``, ``trace``, ``cast_nodes``;
 * training: ``custom_fwd``, ``custom_bwd`` (the ``amp`` module);
@@ -39,7 +39,7 @@ if "torch" not in _sys.modules:
 
 from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
-from .builder import build_policy, with_lists
+from .builder import build_policy, policy_from_gaudi_config, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
@@ -64,6 +64,7 @@ __all__ = [
     "preset_names",
     "build_policy",
     "with_lists",
+    "policy_from_gaudi_config",
     "resolve",
     "PolicyError",
     # what ran
