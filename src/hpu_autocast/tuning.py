@@ -243,11 +243,14 @@ class _Search:
         self.reached: Optional[Moved] = None  # the prefix the reach phase found
         self.exhausted = False
 
-    def error(self, moved: Moved, phase: str) -> float:
+    def error(self, moved: Moved, phase: str, what: Optional[str] = None) -> float:
+        """``E(moved)``, run once; ``phase`` and ``what`` (default: the moved ops) name the run
+        in the progress line."""
         if moved not in self.errors:
             e = self.errors[moved] = self._error(moved)
-            what = ", ".join(sorted(moved)) if len(moved) <= 4 else f"{len(moved)} ops"
-            self.say(f"{phase}: moved {what or 'nothing'} -> error {e:.3e}")
+            if what is None:
+                what = "moved " + (", ".join(sorted(moved)) if len(moved) <= 4 else f"{len(moved)} ops")
+            self.say(f"{phase}: {what} -> error {e:.3e}")
             if e <= self.tolerance and (self.best is None or self._cost(moved) < self._cost(self.best)):
                 self.best = moved
         return self.errors[moved]
@@ -267,8 +270,13 @@ class _Search:
         try:
             order = self._order()
             self.reached = self._reach(order)
-            if self.reached is not None:
-                self._prune(self.reached, order)
+            # Prune what the reach found, then whatever cheaper set within tolerance the runs
+            # met on the way, until the best set is one the prune has been through.
+            pruned = set()
+            candidate = self.reached
+            while candidate is not None and candidate not in pruned:
+                pruned |= {candidate, self._prune(candidate, order)}
+                candidate = self.best
         except _OutOfRuns:
             self.exhausted = True
         if self.best is not None:
@@ -281,16 +289,17 @@ class _Search:
         n = len(units)
         everything = frozenset(u.name for u in units)
         floor = frozenset(u.name for u in units if not u.gemm)
-        self.error(everything, "all moved")
+        self.error(everything, "all moved", f"all {n} ops in float32")
         if floor != everything:
-            self.error(floor, "floor (only matmul/conv lower)")
+            self.error(floor, "floor", "only the matmul/conv ops in lower precision")
         # The reach and prune phases need about n + log2(n) runs; sensitivity only if both fit.
         if self.runs_left() >= 2 * n + n + n.bit_length() + 2:
             for u in units:
-                self.alone_moved[u.name] = self.error(frozenset({u.name}), "moved alone")
+                self.alone_moved[u.name] = self.error(frozenset({u.name}), "moved alone", u.name)
             for u in units:
                 rest = (everything if u.gemm else floor) - {u.name}
-                self.alone_lower[u.name] = self.error(rest, "alone lower")
+                with_gemms = "" if u.gemm or floor == everything else " (and the matmul/conv ops)"
+                self.alone_lower[u.name] = self.error(rest, "alone lower", u.name + with_gemms)
         harm = lambda u: self.alone_lower.get(u.name, 0.0)  # noqa: E731
         helped = lambda u: self.alone_moved.get(u.name, 0.0)  # noqa: E731
         others = sorted((u for u in units if not u.gemm), key=lambda u: (-harm(u), helped(u), -u.calls, u.name))
