@@ -322,6 +322,12 @@ def test_the_command_explains_a_script_without_a_target(tmp_path, capsys):
     assert "must return (fn, inputs) or (fn, inputs, metric)" in capsys.readouterr().err
 
 
+def test_the_command_refuses_flags_out_of_range(capsys):
+    assert main(["tune", "--tolerance", "-1", str(DEMO)]) == 2
+    assert "error: --tolerance must be >= 0 (got -1.0)" in capsys.readouterr().err
+    assert main(["tune", "--max-runs", "2", str(DEMO)]) == 2
+
+
 def test_the_command_in_a_fresh_interpreter_on_the_demo(tmp_path):
     cmd = [sys.executable, "-m", "hpu_autocast", "tune", "--quiet", str(DEMO)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=tmp_path)

@@ -96,9 +96,13 @@ def _policy(ns: argparse.Namespace):
 
 def run(ns: argparse.Namespace) -> int:
     """Tune and print the result; write the files asked for. Exit status 0 when the tolerance
-    is met, 1 when it is not, 2 when the script names nothing to tune."""
+    is met, 1 when it is not, 2 when the script names nothing to tune or a flag is out of range."""
     from .tuning import tune
 
+    if not ns.tolerance >= 0 or ns.max_runs < 3:  # `not >=`: a nan tolerance too
+        print(f"error: --tolerance must be >= 0 (got {ns.tolerance}) and --max-runs at least 3 "
+              f"(got {ns.max_runs})", file=sys.stderr)
+        return 2
     try:
         fn, inputs, metric = load_target(ns.script, ns.args)
     except TargetError as e:

@@ -292,7 +292,8 @@ class _Search:
         self.error(everything, "all moved", f"all {n} ops in float32")
         if floor != everything:
             self.error(floor, "floor", "only the matmul/conv ops in lower precision")
-        # The reach and prune phases need about n + log2(n) runs; sensitivity only if both fit.
+        # Sensitivity takes 2n runs, and leaves room for the reach and the prune (about
+        # n + log2(n) + 2), or is left out.
         if self.runs_left() >= 2 * n + n + n.bit_length() + 2:
             for u in units:
                 self.alone_moved[u.name] = self.error(frozenset({u.name}), "moved alone", u.name)
@@ -508,8 +509,9 @@ def _check_args(fn, tolerance, metric, max_runs, progress) -> float:
 def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu", tolerance: float = 0.01,
          metric: Optional[Callable] = None, max_runs: int = 200, device_type: Optional[str] = None,
          progress: Optional[Callable[[str], None]] = None) -> TuneResult:
-    """Find the policy, starting from ``policy``, that keeps the most work in ``dtype`` while
-    ``fn(*inputs)`` stays within ``tolerance`` of its float32 run.
+    """Find the policy, starting from ``policy`` (a preset name or a ``Policy``, resolved as a
+    mode resolves it: ``"hpu"`` takes Gaudi's list variables), that keeps the most work in
+    ``dtype`` while ``fn(*inputs)`` stays within ``tolerance`` of its float32 run.
 
     Ops move only to float32 (the policy's FP32 list), the matmul/conv ops last, as few as the
     search can (Note: the search in this module). ``metric(reference, outputs) -> float``
