@@ -14,6 +14,7 @@ The public names (``__all__``), by what they are for:
   ``with_lists``, ``policy_from_gaudi_config``, ``resolve``, ``PolicyError``;
 * what ran: ``record``, ``Recorder``, ``PrecisionReport``, ``Event`` (and the ``events`` module),
   ``op_graph``, ``compare``, ``Comparison``, ``trace``, ``cast_nodes``;
+* tuning a policy: ``tune``, ``TuneResult`` (``docs/tuning.md``);
 * training: ``custom_fwd``, ``custom_bwd`` (the ``amp`` module);
 * the modules ``hmp`` (a drop-in for Habana Mixed Precision), ``hpu`` (Gaudi glue) and
   ``report``.
@@ -49,6 +50,7 @@ from .opgraph import op_graph
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
 from .report import PrecisionReport, Recorder
+from .tuning import TuneResult, tune
 
 __all__ = [
     # the region
@@ -78,6 +80,9 @@ __all__ = [
     "Comparison",
     "trace",
     "cast_nodes",
+    # tuning a policy
+    "tune",
+    "TuneResult",
     # training
     "custom_fwd",
     "custom_bwd",
