@@ -94,13 +94,26 @@ def test_lazy_mode_asks_the_bridge_then_the_environment(monkeypatch):
 
 def test_cache_is_always_off_on_hpu(gaudi):
     # Seed 000: "autocast caching is permanently disabled on HPU" (graph mode dedups casts),
-    # so even an explicit cache_enabled=True is overridden.
+    # so even an explicit cache_enabled=True is overridden, for every region that casts HPU
+    # tensors: the default device with the bridge loaded, or named.
+    assert HpuAutocastMode().device_type == "hpu"
     assert HpuAutocastMode().cache_enabled is False
     assert HpuAutocastMode(cache_enabled=True).cache_enabled is False
+    assert HpuAutocastMode(policy="torch-cpu", device_type="hpu", cache_enabled=True).cache_enabled is False
 
-    # And the region really does not cache: a weight used twice gets two cast nodes.
+
+def test_a_cpu_region_caches_with_the_bridge_loaded(gaudi):
+    # The cache rule is the HPU's, not the process's: a CPU region casts CPU tensors, which
+    # Gaudi's graph mode never sees, so it caches as torch.autocast("cpu") does: a weight used
+    # twice is cast once (one ToCopyBackward). It used to be turned off once the bridge loaded.
     x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
-    with HpuAutocastMode(cache_enabled=True, **ON_CPU):
+    for mode in (HpuAutocastMode(**ON_CPU), HpuAutocastMode(policy="torch-cpu")):
+        assert mode.cache_enabled is True
+        with mode:
+            a, b = torch.mm(x, w), torch.mm(x, w)
+        assert a.grad_fn.next_functions[1][0] is b.grad_fn.next_functions[1][0]
+    # Asked off, it is off.
+    with HpuAutocastMode(cache_enabled=False, **ON_CPU):
         a, b = torch.mm(x, w), torch.mm(x, w)
     assert a.grad_fn.next_functions[1][0] is not b.grad_fn.next_functions[1][0]
 
@@ -114,11 +127,36 @@ def test_cache_is_on_off_hpu_for_contrast(no_gaudi):
 
 @pytest.mark.parametrize("policy", ["hpu", "torch-cpu"])
 def test_float16_refused_on_hpu_naming_the_accepted_dtype(gaudi, policy):
-    # "hpu" refuses float16 by its own dtypes; "torch-cpu" would accept it elsewhere, but not on HPU.
+    # "hpu" refuses float16 by its own dtypes; "torch-cpu" would accept it elsewhere, but not for
+    # a region that casts HPU tensors.
     with pytest.raises(ValueError, match=r"float16.*bfloat16"):
-        HpuAutocastMode(torch.float16, policy=policy)
-    HpuAutocastMode(torch.bfloat16, policy=policy)
+        HpuAutocastMode(torch.float16, policy=policy, device_type="hpu")
+    HpuAutocastMode(torch.bfloat16, policy=policy, device_type="hpu")
     HpuAutocastMode(torch.float16, policy=policy, enabled=False)  # a disabled region checks nothing
+
+
+def test_a_cpu_region_may_use_float16_with_the_bridge_loaded(gaudi):
+    # The dtype rule is the HPU's: a torch-cpu region (device cpu) in a process that loaded the
+    # bridge casts CPU tensors, and float16 works there as under torch.autocast("cpu"). It was
+    # refused with "dtype=float16 is not supported on HPU".
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with HpuAutocastMode(torch.float16, policy="torch-cpu") as mode:
+        out = torch.mm(a, b)
+    assert mode.device_type == "cpu" and out.dtype == torch.float16
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.equal(out, torch.mm(a, b))
+    # The hpu preset refuses float16 on every device, by its own dtypes (seed 000), not the bridge.
+    with pytest.raises(ValueError, match="float16"):
+        HpuAutocastMode(torch.float16, **ON_CPU)
+
+
+def test_the_device_rules_hold_without_the_bridge(no_gaudi):
+    # A region that names the HPU refuses float16 and does not cache, bridge or not: the rules
+    # are the device's.
+    with pytest.raises(ValueError, match=r"float16 is not supported on HPU"):
+        HpuAutocastMode(torch.float16, policy="torch-cpu", device_type="hpu")
+    assert HpuAutocastMode(policy="torch-cpu", device_type="hpu").cache_enabled is False
+    assert HpuAutocastMode(torch.float16, policy="torch-cpu").cache_enabled is True
 
 
 # -- lazy mode: mark_step, no host synchronisation -------------------------------------------

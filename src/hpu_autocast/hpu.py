@@ -49,15 +49,18 @@ def hpu_importable() -> bool:
         return False
 
 
-def default_cache_enabled() -> bool:
-    """Autocast's cast cache: on, except on HPU where graph mode deduplicates casts (seed 000)."""
-    return not backend_loaded()
+def default_cache_enabled(device_type: str) -> bool:
+    """Autocast's cast cache for a region casting ``device_type`` tensors: on, except on HPU,
+    where graph mode deduplicates casts and the cache is always off (seed 000)."""
+    return device_type != "hpu"
 
 
-def check_dtype(dtype: torch.dtype) -> None:
-    """On HPU, float16 is not supported (seed 000)."""
-    if backend_loaded() and dtype == torch.float16:
-        raise ValueError("dtype=float16 is not supported on HPU; use dtype=torch.bfloat16")
+def check_dtype(dtype: torch.dtype, device_type: str) -> None:
+    """A region casting ``device_type`` tensors to ``dtype``: on HPU, float16 is not supported
+    (seed 000). The rule is the device's, not the process's: a CPU region in a process that
+    loaded Gaudi's bridge casts CPU tensors and may use float16."""
+    if device_type == "hpu" and dtype == torch.float16:
+        raise ValueError("dtype=float16 is not supported on HPU (device_type='hpu'); use dtype=torch.bfloat16")
 
 
 def default_device() -> str:
