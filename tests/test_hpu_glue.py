@@ -261,20 +261,123 @@ def test_the_mode_adds_no_host_synchronisation(gaudi, kwargs):
 
 
 # -- HPU graphs ------------------------------------------------------------------------------
+# The stand-in keys graphs as the bridge does (input shapes and views, native HPU autocast's
+# state) and replays the captured ATen graph without running the module's Python, so a graph
+# keyed on the inputs alone would replay one region's casts under another.
 
-def test_wrap_in_hpu_graph_under_the_mode(gaudi):
-    plain = mlp().eval()
-    wrapped = hpu.wrap_in_hpu_graph(copy.deepcopy(plain), disable_tensor_cache=True)
+#: Region states a wrapped module may be called in: (name, a fresh context for it).
+REGIONS = {
+    "hpu bf16": lambda: HpuAutocastMode(**ON_CPU),
+    "outside": contextlib.nullcontext,
+    "torch-cpu bf16": lambda: HpuAutocastMode(policy="torch-cpu"),  # layer_norm in float32 here
+    "torch-cpu fp16": lambda: HpuAutocastMode(torch.float16, policy="torch-cpu"),
+    "disabled": lambda: _nested(HpuAutocastMode(**ON_CPU), HpuAutocastMode(enabled=False)),
+}
+
+
+@contextlib.contextmanager
+def _nested(*modes):
+    with contextlib.ExitStack() as stack:
+        for m in modes:
+            stack.enter_context(m)
+        yield
+
+
+def graphed(**kwargs):
+    """An MLP behind a LayerNorm (its float32 input lowered under hpu, left alone under
+    torch-cpu), in eval mode, and a copy of it wrapped in an HPU graph."""
+    plain = torch.nn.Sequential(torch.nn.LayerNorm(8), mlp()).eval()
+    return plain, hpu.wrap_in_hpu_graph(copy.deepcopy(plain), **kwargs)
+
+
+def run(module, region, x):
+    with torch.no_grad(), REGIONS[region]():
+        return module(x).clone()  # the bridge returns its static outputs: a replay overwrites them
+
+
+def test_the_stand_in_replays_without_running_python(gaudi):
+    # What makes the stand-in realistic: the module's forward runs once, at capture; a replay
+    # runs the captured ATen graph, and the same output tensor comes back, overwritten.
+    calls = []
+    model = mlp().eval()
+    forward = model.forward
+    model.forward = lambda x: (calls.append(x.shape), forward(x))[1]
+    wrapped = hpu.wrap_in_hpu_graph(model)
     x, _ = data()
-    with torch.no_grad(), HpuAutocastMode(**ON_CPU):
-        outs = [wrapped(x), wrapped(x), wrapped(x[:4])]
-        refs = [plain(x), plain(x), plain(x[:4])]
-    for out, ref in zip(outs, refs):
-        assert out.dtype == torch.bfloat16  # the last Linear is on the lower list
-        assert torch.equal(out, ref)
-    # Captured once per input shape, replayed after; keyword arguments passed through.
-    assert gaudi.calls == [("wrap", "Sequential", dict(asynchronous=False, disable_tensor_cache=True)),
-                           ("capture", 0), ("replay", 0), ("capture", 1)]
+    with torch.no_grad():
+        first = wrapped(x)
+        ref = first.clone()
+        second = wrapped(x * 2)
+    assert calls == [x.shape] and second is first and not torch.equal(second, ref)
+    with torch.no_grad():
+        assert torch.equal(second, forward(x * 2))
+    assert gaudi.names() == ["wrap", "capture", "replay"]
+
+
+@pytest.mark.parametrize("later", [r for r in REGIONS if r != "hpu bf16"])
+def test_a_graph_captured_in_a_region_is_not_replayed_in_another_state(gaudi, later):
+    # Wrapped and first called in a bfloat16 hpu region, then called outside any region, under
+    # another policy or dtype, or in a disabled region: each call computes what the plain module
+    # computes there, bit for bit, because each state gets a capture of its own. (Keyed on the
+    # inputs alone, as the bridge keys them, the later calls replayed the bfloat16 graph.)
+    plain, wrapped = graphed()
+    x, _ = data()
+    for region in ("hpu bf16", later, "hpu bf16", later):
+        out, ref = run(wrapped, region, x), run(plain, region, x)
+        assert out.dtype == ref.dtype and torch.equal(out, ref), region
+    assert gaudi.calls[1:] == [("capture", 0), ("capture", 1), ("replay", 0), ("replay", 1)]
+
+
+def test_one_capture_per_region_state_and_input_shape(gaudi):
+    plain, wrapped = graphed(disable_tensor_cache=True)
+    x, _ = data()
+    for _ in range(2):
+        for region in REGIONS:
+            for inputs in (x, x[:4]):
+                out, ref = run(wrapped, region, inputs), run(plain, region, inputs)
+                assert out.dtype == ref.dtype and torch.equal(out, ref), region
+    # Five states x two shapes, less one: no region and a disabled one cast nothing alike and
+    # share their graphs. Keyword arguments pass through to the bridge.
+    assert gaudi.calls[0] == ("wrap", "Sequential", dict(asynchronous=False, disable_tensor_cache=True))
+    assert gaudi.names().count("capture") == 8 and gaudi.names().count("replay") == 12
+    assert [run(wrapped, r, x).dtype for r in REGIONS] == [torch.bfloat16, torch.float32, torch.bfloat16,
+                                                           torch.float16, torch.float32]
+
+
+def test_graphs_past_max_graphs_run_uncaptured_with_their_casts(gaudi):
+    plain, wrapped = graphed(max_graphs=1)
+    x, _ = data()
+    for region in ("hpu bf16", "outside", "hpu bf16", "outside"):
+        out, ref = run(wrapped, region, x), run(plain, region, x)
+        assert out.dtype == ref.dtype and torch.equal(out, ref), region
+    assert gaudi.names()[1:] == ["capture", "uncached", "replay", "uncached"]
+    wrapped.clear_cache()  # the bridge's: frees the graphs
+    run(wrapped, "outside", x)
+    assert gaudi.calls[-1] == ("capture", 1)
+
+
+def test_an_observing_region_runs_the_module_itself(gaudi):
+    # A replay runs no Python, so an observer would see none of the module's calls: in a region
+    # with an observer the module runs uncaptured, and the observer sees its casts.
+    plain, wrapped = graphed()
+    x, _ = data()
+    run(wrapped, "hpu bf16", x)
+    events = []
+    with torch.no_grad(), HpuAutocastMode(observer=events.append, **ON_CPU):
+        out = wrapped(x)
+    assert torch.equal(out, run(plain, "hpu bf16", x))
+    assert any(e.casts for e in events) and {str(e.op) for e in events} >= {"aten.linear.default"}
+    assert gaudi.names() == ["wrap", "capture"]  # no replay, no second capture
+
+
+def test_without_the_region_keyword_the_module_is_unchanged(gaudi):
+    # The keyword that carries the region's state to the bridge never reaches forward, and the
+    # bridge's own keywords pass through.
+    plain, wrapped = graphed()
+    x, _ = data()
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, bypass_hpu_graphs=True), plain(x))
+    assert gaudi.names() == ["wrap", "bypass"]
 
 
 # -- without the bridge ----------------------------------------------------------------------
