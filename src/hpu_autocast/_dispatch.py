@@ -50,12 +50,12 @@ its fallthrough fallback for the life of the process. The observing key must sit
 so it is ``AutocastHPU`` or ``AutocastPrivateUse1``: ``AutocastPrivateUse1`` when Gaudi's bridge is
 installed here (keeping the key it will load onto free), else ``AutocastHPU`` (no Gaudi bridge
 can load where none is installed). It holds its fallback only while an observing region is open
-anywhere in the process (registered when the first opens, released when the last closes, ~1 ms
-each, which every op of such a region entering Python dwarfs), and its per-op kernels pass every
-call on as a fallthrough would when no region observes. A backend loaded while no observing
-region is open therefore registers its fallback freely; its own kernels on that key win over
-this package's (torch warns once: "Overriding a previously registered kernel"), so its autocast
-works as without this package, only through one Python call per op it does not list until the
+anywhere in the process (registered when the first opens, released when the last closes: ~1 ms
+for the pair, as the dispatcher updates every operator's table; nested observing regions pay
+nothing), and its per-op kernels pass every call on when no region observes. A backend loaded
+while no observing region is open therefore registers its fallback freely; its own kernels on
+that key win over this package's (torch warns once: "Overriding a previously registered
+kernel"), so its autocast works, only through one Python call per op it does not list until the
 next observing region, which finds the key claimed, removes every registration of its own
 there, and moves to the other key. When both are claimed, observing regions (and HMP policies)
 raise ``RuntimeError`` naming the backends; regions that do not observe keep casting. A backend
