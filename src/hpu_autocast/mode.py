@@ -65,8 +65,9 @@ class HpuAutocastMode:
             process runs on (``hpu`` on Gaudi, else ``cuda`` when available, else ``cpu``).
         enabled: ``False`` turns casting off for the body, also inside an enabled region.
         cache_enabled: reuse casts of float32 leaves that require grad within the outermost
-            region, as ``torch.autocast`` does. ``None`` means on, except on HPU where Gaudi's
-            graph mode does this and autocast's cache is always off (seed 000).
+            region, as ``torch.autocast`` does. ``None`` means on, except in a region on HPU
+            (``device_type="hpu"``), where Gaudi's graph mode does this and autocast's cache is
+            always off (seed 000).
         observer: called with an ``hpu_autocast.events.Event`` for each call the engine decides
             on (see ``events.py``); ``verbose=True`` logs them, ``record=True`` keeps a report.
 
@@ -89,7 +90,6 @@ class HpuAutocastMode:
         self.record = record
         if cache_enabled is not None:
             _check_flag("cache_enabled", cache_enabled)
-        on_hpu = hpu.backend_loaded()
         if observer is not None and not callable(observer):
             raise TypeError(f"HpuAutocastMode: observer must be callable (it is called with each "
                             f"hpu_autocast.events.Event), got {observer!r}")
@@ -98,8 +98,6 @@ class HpuAutocastMode:
         self.policy: Optional[Policy] = _as_policy(policy) if self.enabled else None
         if self.enabled:
             self.policy.check_dtype(dtype)
-            if on_hpu:
-                hpu.check_dtype(dtype)
         self._policy_arg = policy
         if device_type is None:
             device_type = _default_device(self.policy) if self.enabled else None
@@ -107,9 +105,13 @@ class HpuAutocastMode:
             raise ValueError(f"HpuAutocastMode: unknown device_type {device_type!r}; accepted: "
                              f"{', '.join(_DEVICE_TYPES)}")
         self.device_type = device_type
+        # Note: what a device forbids follows the region's device, not the process: with Gaudi's
+        # bridge loaded, a CPU region still casts CPU tensors (float16 allowed, cache on), and an
+        # HPU region refuses float16 and never caches (seed 000; hpu.check_dtype).
+        if self.enabled:
+            hpu.check_dtype(dtype, device_type)
         self.dtype = dtype
-        # On HPU the cache is always off (hpu.default_cache_enabled; seed 000).
-        self.cache_enabled = False if on_hpu else True if cache_enabled is None else cache_enabled
+        self.cache_enabled = hpu.default_cache_enabled(device_type) and cache_enabled is not False
         self.observer = observer
         self._recorder = None
         #: The open region of each thread that entered this mode (one mode may serve several
