@@ -8,7 +8,7 @@ from typing import Callable, Iterator, Optional, Union
 
 import torch
 
-from . import _engine, _torch_autocast, hpu  # noqa: F401 (_torch_autocast hooks into the engine)
+from . import _engine, _torch_autocast, _torchscript, hpu  # noqa: F401 (_torch_autocast, _torchscript hook into the engine)
 from ._table import compile_policy
 from .builder import as_policy as _as_policy
 from .events import Event
