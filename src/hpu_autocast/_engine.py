@@ -386,7 +386,11 @@ def replace_innermost(enabled: bool, dtype: torch.dtype) -> None:
 
 
 class _GuardToken:
-    """The innermost region's state as one string: what compiled frames are guarded on."""
+    """The innermost region's state as one string: what compiled frames are guarded on. Each
+    part changes what the kernels put in a graph: the policy (its key names it exactly, every
+    field of it; see ``_table.policy_serial``), the dtype, the device, on/off. (Not the cast
+    cache: a traced graph casts a weight at each use under either setting, as native
+    autocast's compiled graphs do; tests/test_compile.py checks both against native.)"""
 
     __slots__ = ()
 

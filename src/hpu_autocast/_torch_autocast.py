@@ -330,6 +330,10 @@ def _by_owner(patched) -> tuple:
 
 _GROUPS = _by_owner(PATCHED)
 
+#: Called under the lock when the first region opens, after the patches above: another module's
+#: patches that share this count (``_torchscript``'s; it takes them back through ``when_none_open``).
+ON_FIRST_OPEN: list = []
+
 
 def _getter_pairs() -> list:
     """(torch's function, ours) for each patched torch function."""
@@ -351,6 +355,8 @@ def _acquire() -> None:
                 namespace.update(new)
             for hooks, hook in HOOKS:
                 hooks[_HOOK_KEY] = hook
+            for install in ON_FIRST_OPEN:
+                install()
         _open += 1
 
 
@@ -372,6 +378,15 @@ def _release() -> None:
                     owner = namespace.get("__name__", namespace)
                     warnings.warn(f"hpu_autocast: {owner}.{name} was replaced while a region was open; leaving the "
                                   "replacement in place", RuntimeWarning, stacklevel=3)
+
+
+def when_none_open(fn: Callable[[], None]) -> bool:
+    """Run ``fn`` under the lock if no region is open in the process; whether it ran."""
+    with _lock:
+        if _open:
+            return False
+        fn()
+        return True
 
 
 _engine.REGION_HOOKS.append((_acquire, _release))

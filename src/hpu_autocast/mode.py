@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-from . import _engine, _torch_autocast, hpu  # noqa: F401 (_torch_autocast hooks into the engine)
+from . import _engine, _torch_autocast, _torchscript, hpu  # noqa: F401 (_torch_autocast, _torchscript hook into the engine)
 from ._table import compile_policy
 from .builder import as_policy as _as_policy
 from .events import Event
@@ -72,7 +72,8 @@ class HpuAutocastMode:
             on (see ``events.py``); ``verbose=True`` logs them, ``record=True`` keeps a report.
 
     Usable as a context manager or a decorator. Regions nest (the innermost wins) and belong to
-    the context that entered them: a thread, or an asyncio task.
+    the context that entered them: a thread, or an asyncio task. A mode copies and pickles as
+    its settings: the copy is a new mode, not entered.
     """
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
@@ -158,6 +159,11 @@ class HpuAutocastMode:
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn`` so each call runs in a fresh region with these settings."""
+        if not callable(fn):
+            # As torch.autocast()(3): a decorator given something else returned a wrapper that
+            # failed only when called, far from the mistake.
+            raise TypeError(f"HpuAutocastMode()(fn) decorates a callable, got {fn!r} ({type(fn).__name__}); "
+                            "to cast a block, use it as a context manager: with HpuAutocastMode(...): ...")
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -170,11 +176,14 @@ class HpuAutocastMode:
 
         return wrapper
 
+    def _settings(self) -> dict:
+        """The keyword arguments that make a mode like this one (``dtype`` aside)."""
+        return dict(policy=self.policy if self.enabled else self._policy_arg, device_type=self.device_type,
+                    enabled=self.enabled, cache_enabled=self.cache_enabled, observer=self.observer,
+                    verbose=self.verbose, record=self.record)
+
     def _clone(self) -> "HpuAutocastMode":
-        return HpuAutocastMode(self.dtype, policy=self.policy if self.enabled else self._policy_arg,
-                               device_type=self.device_type, enabled=self.enabled,
-                               cache_enabled=self.cache_enabled, observer=self.observer,
-                               verbose=self.verbose, record=self.record)
+        return HpuAutocastMode(self.dtype, **self._settings())
 
     def __copy__(self) -> "HpuAutocastMode":
         return self._clone()
@@ -183,6 +192,12 @@ class HpuAutocastMode:
         # A mode is settings plus, while entered, a region of this context's: a copy is a new,
         # not yet entered mode with the same settings (policies are values, shared).
         return self._clone()
+
+    def __reduce__(self):
+        # As a copy: settings only (a region belongs to this process's context; pickled, it
+        # failed inside torch with a pybind11 message). The policy travels as a value; an
+        # observer must be picklable itself.
+        return (_mode_from_settings, (self.dtype, self._settings()))
 
     def report(self):
         """The ``PrecisionReport`` of this mode's last region (``record=True``): what ran in
@@ -197,6 +212,11 @@ class HpuAutocastMode:
     def __repr__(self) -> str:
         return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy_name!r}, device_type={self.device_type!r}, "
                 f"enabled={self.enabled}, cache_enabled={self.cache_enabled})")
+
+
+def _mode_from_settings(dtype: torch.dtype, settings: dict) -> HpuAutocastMode:
+    """The inverse of ``HpuAutocastMode.__reduce__``."""
+    return HpuAutocastMode(dtype, **settings)
 
 
 def _outer_device() -> str:
