@@ -179,10 +179,13 @@ def test_a_policy_equal_to_torch_cpu_is_torch_cpu_and_one_renamed_is_not():
 def test_torch_is_left_alone_outside_regions_and_in_threads_without_one():
     inputs = _inputs()
     fn = torch.jit.script(mixed)
+    call, method_call = vars(torch._C.ScriptFunction)["__call__"], vars(torch._C.ScriptMethod)["__call__"]
     with HpuAutocastMode(policy="hpu"):
         pass
-    outside = fn(*inputs)  # the first call outside a region puts torch's own __call__ back
-    call, method_call = vars(torch._C.ScriptFunction)["__call__"], vars(torch._C.ScriptMethod)["__call__"]
+    # Torch's own objects are back as soon as the last region closes.
+    assert vars(torch._C.ScriptFunction)["__call__"] is call
+    assert vars(torch._C.ScriptMethod)["__call__"] is method_call
+    outside = fn(*inputs)
     results = []
     with HpuAutocastMode(policy="hpu"):
         assert vars(torch._C.ScriptFunction)["__call__"] is not call  # replaced while a region is open
@@ -190,7 +193,6 @@ def test_torch_is_left_alone_outside_regions_and_in_threads_without_one():
         worker.start()
         worker.join()
     assert len(results) == 1 and torch.equal(results[0], outside)  # no region in that thread
-    # Put back lazily, before the first call outside a region runs (_torchscript's Note).
     assert torch.equal(fn(*inputs), outside)
     assert vars(torch._C.ScriptFunction)["__call__"] is call
     assert vars(torch._C.ScriptMethod)["__call__"] is method_call

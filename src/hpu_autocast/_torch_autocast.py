@@ -330,9 +330,10 @@ def _by_owner(patched) -> tuple:
 
 _GROUPS = _by_owner(PATCHED)
 
-#: Called under the lock when the first region opens, after the patches above: another module's
-#: patches that share this count (``_torchscript``'s; it takes them back through ``when_none_open``).
+#: Called under the lock when the first region opens, after the patches above, and when the
+#: last closes: another module's patches that share this count (``_torchscript``'s).
 ON_FIRST_OPEN: list = []
+ON_LAST_CLOSE: list = []
 
 
 def _getter_pairs() -> list:
@@ -378,15 +379,8 @@ def _release() -> None:
                     owner = namespace.get("__name__", namespace)
                     warnings.warn(f"hpu_autocast: {owner}.{name} was replaced while a region was open; leaving the "
                                   "replacement in place", RuntimeWarning, stacklevel=3)
-
-
-def when_none_open(fn: Callable[[], None]) -> bool:
-    """Run ``fn`` under the lock if no region is open in the process; whether it ran."""
-    with _lock:
-        if _open:
-            return False
-        fn()
-        return True
+        for restore in ON_LAST_CLOSE:
+            restore()
 
 
 _engine.REGION_HOOKS.append((_acquire, _release))

@@ -35,13 +35,11 @@ run under bfloat16 keeps bfloat16's casts under float16, with native autocast as
 A call into TorchScript that does not come from Python (``torch.jit.fork`` of a scripted
 function) is not seen; nor is a torchbind method (no graph: it is run as it is).
 
-The two ``__call__`` are replaced when a region opens, as ``_torch_autocast``'s patches are, but
-put back lazily: by the first call into TorchScript made when no region is open in the process,
-before it runs. A type's ``__call__`` costs ~1.3 us to replace and restore (CPython updates the
-type's call slot each time), a fifth of a region's entry and exit, which a loop opening one
-region per step would pay every step for code it may never call; replaced once, it costs
-nothing until TorchScript is called outside a region, and no call outside a region ever runs
-through the replacement.
+The two ``__call__`` are replaced when the first region opens and put back when the last one
+closes, as ``_torch_autocast``'s patches are. That costs ~1.3 us a region (CPython updates the
+type's call slot each time), measured in docs/performance.md: an earlier version put them back
+lazily, at the first call into TorchScript outside regions, which saved that time and left
+torch's objects replaced between regions; the guarantee is worth more than the microseconds.
 """
 
 from __future__ import annotations
@@ -119,12 +117,7 @@ def _wrap(cls: type) -> Callable:
     def __call__(self, *args, **kwargs):
         call = _real[cls]
         frame = _engine.innermost()
-        if frame is None:
-            # No region here; if none is open anywhere, torch's own __call__ goes back now, before
-            # the first call outside regions (see the Note).
-            _torch_autocast.when_none_open(_restore)
-            return call(self, *args, **kwargs)
-        if not frame.enabled or frame.region.compiled is None:
+        if frame is None or not frame.enabled or frame.region.compiled is None:
             return call(self, *args, **kwargs)
         if _reproduces_native(frame):
             return _call_as_native(frame, call, self, args, kwargs)
@@ -174,3 +167,4 @@ def _restore() -> None:
 
 _wrap_sf, _wrap_sm = _wrap(_SF), _wrap(_SM)
 _torch_autocast.ON_FIRST_OPEN.append(_install)
+_torch_autocast.ON_LAST_CLOSE.append(_restore)
