@@ -259,6 +259,8 @@ def enter(region: Region) -> None:
         # As torch.autocast: one cast cache for the outermost region and all nested in it.
         region.cache = parent.region.cache
         region.owns_cache = False
+        if region.compiled is None and not region.enabled:
+            _opt_out_of(parent, region)
     region.switch = switch = _dispatch.thread_switch()
     region.thread = threading.get_ident()
     switch.ops += 1
@@ -280,6 +282,21 @@ def enter(region: Region) -> None:
     elif region.device_type != "meta" and _native_is_enabled(region.device_type):  # no meta autocast
         region.native_was_on = _suspend((region.device_type,))
     _set_frame(Frame(region, parent, region.enabled, region.dtype))
+
+
+def _opt_out_of(parent: Frame, region: Region) -> None:
+    """A disabled region (``disable_casts()``) inside a region with a policy for its device is
+    that region's opt-out, as a ``torch.autocast(enabled=False)`` inside it is: it keeps the
+    region's policy, dtype and cache, switched off, so what native autocast keeps through an
+    opt-out is kept too: a ``torch.autocast`` nested in it with no dtype takes the region's, turns
+    the region's casting back on, and shares its cast cache; a checkpoint there recomputes under it."""
+    outer = parent.region
+    if outer.compiled is None or outer.device_type != region.device_type:
+        return
+    region.compiled = outer.compiled
+    region.rules = outer.rules
+    region.dtype = parent.dtype
+    region.cache_enabled = outer.cache_enabled
 
 
 def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -577,7 +594,35 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         protected = rule.protected
         on = eligible = 0
         new_args = None
-        for i, a in enumerate(args):
+        # Note [the order of casts]: native casts an op's arguments last to first (they are the
+        # arguments of one C++ call, which GCC, torch's Linux compiler, evaluates right to left),
+        # so the last argument's ToCopyBackward comes first and autograd runs it last; where one
+        # tensor is cast for several arguments, its gradient's float32 sums follow that order.
+        # The casts go the same way (a list's items in order, as native's loop casts them); the
+        # events list them in argument order.
+        new_kwargs = kwargs
+        if kwargs and not input_only:
+            new_kwargs = dict(kwargs)
+            for n in reversed(list(kwargs)):
+                v = kwargs[n]
+                if n in rule.written_names:
+                    continue  # out=: not an input (_into deals with it)
+                if isinstance(v, _Tensor) and v.is_floating_point() and on_device(v):
+                    on += 1
+                    dt = v.dtype
+                    if dt is not _FLOAT64:
+                        eligible += 1
+                        if dt is not target and target is not None:
+                            mine = [] if casts is not None else None
+                            new_kwargs[n] = _cast(v, dt, target, cast, cache, mine, n, lower)
+                            if mine:
+                                casts[0:0] = mine
+        stop = len(args)
+        if input_only:  # the first tensor alone (and what comes before it)
+            stop = next((i + 1 for i, a in enumerate(args) if isinstance(a, _Tensor)), stop)
+        for i in range(stop - 1, -1, -1):
+            a = args[i]
+            mine = [] if casts is not None else None
             if isinstance(a, _Tensor):
                 dt = a.dtype
                 if dt.is_floating_point and on_device(a):
@@ -589,9 +634,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                         if dt is not target and target is not None and not (protected and i in protected):
                             if new_args is None:
                                 new_args = list(args)
-                            new_args[i] = _cast(a, dt, target, cast, cache, casts, rule.arg_names[i], lower)
-                if input_only:
-                    break
+                            new_args[i] = _cast(a, dt, target, cast, cache, mine, rule.arg_names[i], lower)
             elif type(a) is list or type(a) is tuple:
                 items = None
                 for j, t in enumerate(a):
@@ -603,24 +646,13 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
                             if dt is not target and target is not None and not (protected and i in protected):
                                 if items is None:
                                     items = list(a)
-                                items[j] = _cast(t, dt, target, cast, cache, casts, f"{rule.arg_names[i]}[{j}]", lower)
+                                items[j] = _cast(t, dt, target, cast, cache, mine, f"{rule.arg_names[i]}[{j}]", lower)
                 if items is not None:
                     if new_args is None:
                         new_args = list(args)
                     new_args[i] = items if type(a) is list else tuple(items)
-        new_kwargs = kwargs
-        if kwargs and not input_only:
-            new_kwargs = dict(kwargs)
-            for n, v in kwargs.items():
-                if n in rule.written_names:
-                    continue  # out=: not an input (_into deals with it)
-                if isinstance(v, _Tensor) and v.is_floating_point() and on_device(v):
-                    on += 1
-                    dt = v.dtype
-                    if dt is not _FLOAT64:
-                        eligible += 1
-                        if dt is not target and target is not None:
-                            new_kwargs[n] = _cast(v, dt, target, cast, cache, casts, n, lower)
+            if mine:
+                casts[0:0] = mine
         if not on:
             # No tensor of the region's device: native autocast's kernel would not have been
             # reached, so the call goes on as if the engine were not there (no event).
@@ -666,8 +698,8 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
     cache = region.cache if _cache_on() else None
     new_args = list(args)
     on = False
-    i = 0
-    for a in args:
+    for i in range(len(args) - 1, -1, -1):  # last to first, as native (Note [the order of casts])
+        a = args[i]
         if isinstance(a, _Tensor):
             dt = a.dtype
             if dt.is_floating_point and on_device(a):
@@ -679,7 +711,6 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
                         new_args[i] = cast(a)
         elif type(a) is list or type(a) is tuple:
             return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)  # cat's lists: the long way
-        i += 1
     if not on:
         return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
     _set_excluded(ops_key, True)
