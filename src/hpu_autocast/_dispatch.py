@@ -249,7 +249,7 @@ class Keys:
                 lib = self._lib(self._ops_libs, ns)
                 overload = op._overloadname
                 # with_keyset: the kernel gets the call's dispatch key set, to pass an op it has
-                # no rule for on below its key as a fallthrough would (_engine._make_kernel).
+                # no rule for on below its key as a fallthrough would (_kernels.make_kernel).
                 lib.impl(name if overload == "default" else f"{name}.{overload}", self._make_kernel(op),
                          self.ops_name, with_keyset=True)
                 self._registered.add(op)

@@ -41,7 +41,7 @@ class OpRule:
         #: The same by name: a keyword argument (``out=``) is never replaced by a cast copy either.
         self.written_names = frozenset(name for _, name in written)
         #: The written arguments the op returns (an in-place ``self``, ``out=``), by name: the op
-        #: computes into copies in its dtype, written back into them (``_engine._write_back``).
+        #: computes into copies in its dtype, written back into them (``_kernels._write_back``).
         self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
@@ -55,7 +55,7 @@ class OpRule:
         #: ``None``): the kernel registered there casts as it was registered to.
         self.native = native
         #: LOWER or FP32 with nothing else to consider (no written argument, no dtype argument,
-        #: no input-only rule, no ban): the engine's fast path (``_engine._apply_plain``).
+        #: no input-only rule, no ban): the engine's fast path (``_kernels._apply_plain``).
         self.plain = (action in (CastPolicy.LOWER, CastPolicy.FP32) and not self.protected and not self.takes_dtype
                       and not input_only and banned is None and native is None)
 

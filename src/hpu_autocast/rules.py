@@ -1,6 +1,6 @@
 """The dtype rules, as pure functions: which tensors autocast may cast, and the dtype an op of a
 given ``CastPolicy`` computes in. The engine calls ``compute_dtype`` and ``has_explicit_dtype``;
-``is_eligible`` states the rule its hot path inlines (``_engine._apply``); the tests check them
+``is_eligible`` states the rule its hot path inlines (``_kernels._apply``); the tests check them
 with hypothesis.
 """
 
