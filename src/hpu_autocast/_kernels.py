@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 from torch._ops import OpOverload
 
 from . import _compile_guard, _dispatch, _ops
 from ._cast_cache import CAST, cached_cast
+from ._inplace import into, write_back
 from ._regions import Frame, _get_frame, innermost
 from ._table import OpRule
-from .events import Event, Level, Outcome
+from .events import Event, Level, Outcome, first_floating, input_dtypes
 from .policy import CastPolicy
 from .rules import compute_dtype, has_explicit_dtype
 
@@ -145,10 +146,10 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
                 out = op._op(*args, **kwargs)
             finally:
                 _set_excluded(all_key, False)
-            inputs = _dtypes(args, kwargs)
+            inputs = input_dtypes(args, kwargs)
             if any(d.is_floating_point for d in inputs) and not _ops.is_view(op):
                 _notify(region.observer, Event(op, Level.FALLBACK, Outcome.UNLISTED, None, None, None, inputs,
-                                               _first_floating(out), (), args, kwargs))
+                                               first_floating(out), (), args, kwargs))
             return out
     return _pass_on(op, args, kwargs, all_key)
 
@@ -202,106 +203,149 @@ def _keys_on(k: "_dispatch.Keys", all_on: bool) -> None:
         _set_excluded(k.all, False)
 
 
+# -- one call under a rule: one function per cast policy ---------------------------------------
+# [Note: the rule, per cast policy]
+# As ATen's autocast_mode.cpp, which has one small wrapper per CastPolicy: ``_apply`` looks the
+# rule's policy up in ``_BY_POLICY`` and its function decides the dtype the call computes in;
+# ``_cast_and_call`` then does what every policy does alike (cast the eligible inputs, call with
+# the engine's keys excluded, report). What may be cast is ``rules.eligibility``'s predicate (the
+# region's ``eligible``), asked of each tensor ``_inputs`` yields, here and in the fast path
+# (``_apply_plain``) alike.
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """Apply ``rule`` to one call: decide the dtype, cast, call, report.
-
-    Note: the hot path of a policy op (one pass over the inputs for LOWER and FP32, which need no
-    dtypes to decide; PROMOTE and FIRST look at the dtypes first)."""
-    region = frame.region
-    if rule.native is not None:
-        return _to_native(frame, rule, op, args, kwargs)
-    if rule.takes_dtype and has_explicit_dtype(args, kwargs):
+    """Apply ``rule`` to one call: its cast policy's function decides, casts, calls, reports. A
+    call passing a ``torch.dtype`` is not eligible (seed 003); a rule left to native autocast
+    (``Policy.native``; its action is ``None``) hands the call over."""
+    if rule.takes_dtype and rule.native is None and has_explicit_dtype(args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
-    on_device = region.on_device
-    input_only = rule.input_only and rule.casts_input_only(region.device_type)
-    action = rule.action
-    if action is _LOWER:
-        target = frame.dtype
-    elif action is _FP32:
-        target = _FLOAT32
-    else:
-        dtypes = _eligible_dtypes(rule, args, kwargs, on_device, input_only)
-        target = compute_dtype(action, dtypes, frame.dtype, rule.name) if dtypes else None
+    return _BY_POLICY[rule.action](frame, rule, op, args, kwargs, level)
+
+
+def _lower(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
+    """LOWER: every eligible input cast to the region's dtype."""
+    return _cast_and_call(frame, rule, op, args, kwargs, level, frame.dtype)
+
+
+def _fp32(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
+    """FP32: every eligible input cast to float32."""
+    return _cast_and_call(frame, rule, op, args, kwargs, level, _FLOAT32)
+
+
+def _promote(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
+    """PROMOTE: every eligible input cast to the widest eligible dtype (``rules.compute_dtype``);
+    with none eligible, nothing is cast."""
+    return _cast_and_call(frame, rule, op, args, kwargs, level, _decided(CastPolicy.PROMOTE, frame, rule, args, kwargs))
+
+
+def _first(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
+    """FIRST: every eligible input cast to the first one's dtype (an in-place ``self``: HPU's iadd)."""
+    return _cast_and_call(frame, rule, op, args, kwargs, level, _decided(CastPolicy.FIRST, frame, rule, args, kwargs))
+
+
+def _decided(action: CastPolicy, frame: Frame, rule: OpRule, args: tuple, kwargs: dict) -> Optional[torch.dtype]:
+    """The dtype PROMOTE or FIRST computes in, from the eligible inputs' dtypes in argument order
+    (``None``: none eligible). An in-place op's ``self`` counts (it is an input too; FIRST takes its
+    dtype); under PROMOTE, other arguments the op writes do not (running statistics)."""
+    region = frame.region
+    protected = rule.protected if action is not CastPolicy.FIRST else ()
+    dtypes = [t.dtype for i, _, t in _inputs(rule, args, kwargs, _input_only(rule, region))
+              if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)]
+    return compute_dtype(action, dtypes, frame.dtype, rule.name) if dtypes else None
+
+
+def _input_only(rule: OpRule, region) -> bool:
+    return rule.input_only and rule.casts_input_only(region.device_type)
+
+
+def _inputs(rule: OpRule, args: tuple, kwargs: dict, input_only: bool) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
+    """The tensors a rule looks at, in argument order, as ``(position, index in a list or None,
+    tensor)`` (a keyword argument's position is its name): an input-only rule looks at its first
+    tensor alone, and what the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor):
+            yield i, None, a
+            if input_only:
+                return
+        elif type(a) is list or type(a) is tuple:
+            for j, t in enumerate(a):
+                if isinstance(t, _Tensor):
+                    yield i, j, t
+    if not input_only:
+        for n, v in kwargs.items():
+            if isinstance(v, _Tensor) and n not in rule.written_names:
+                yield n, None, v
+
+
+def _cast_inputs(region, rule: OpRule, args: tuple, kwargs: dict, target: Optional[torch.dtype], lower: bool,
+                 casts: Optional[list]) -> Tuple[tuple, dict, int]:
+    """The call's arguments with its eligible inputs cast to ``target`` (through the cast cache),
+    and how many were eligible. An argument the op writes is never replaced by a copy (its write
+    would be lost); it still counts."""
+    is_eligible = region.eligible
+    cache = region.cache if _cache_on() else None
+    cast = CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
+    new_args, new_kwargs, eligible = list(args), dict(kwargs), 0
+    for i, j, t in _inputs(rule, args, kwargs, _input_only(rule, region)):
+        if not is_eligible(t):
+            continue
+        eligible += 1
+        if target is None or t.dtype is target or i in rule.protected:
+            continue
+        if type(i) is str:
+            new_kwargs[i] = cached_cast(t, t.dtype, target, cast, cache, casts, i, lower)
+        elif j is None:
+            new_args[i] = cached_cast(t, t.dtype, target, cast, cache, casts, rule.arg_names[i], lower)
+        else:
+            if new_args[i] is args[i]:
+                new_args[i] = list(args[i])
+            new_args[i][j] = cached_cast(t, t.dtype, target, cast, cache, casts, f"{rule.arg_names[i]}[{j}]", lower)
+    for i, a in enumerate(args):
+        if type(a) is tuple and new_args[i] is not a:
+            new_args[i] = tuple(new_args[i])
+    return new_args, new_kwargs, eligible
+
+
+def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
+    """Whether the call has a floating tensor of the region's device (float64 included): else native
+    autocast's kernel would not have been reached."""
+    return any(t.is_floating_point() and region.on_device(t)
+               for _, _, t in _inputs(rule, args, kwargs, _input_only(rule, region)))
+
+
+def _cast_and_call(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,
+                   target: Optional[torch.dtype]):
+    """What every cast policy does alike: with the engine's keys excluded (the call's insides are
+    its own, as native autocast excludes its key), cast the eligible inputs to ``target`` (``None``:
+    none), call, report. A call with no floating tensor of the region's device goes on as if the
+    engine were not there (no event)."""
+    region = frame.region
+    observer = region.observer
+    casts = [] if observer is not None else None
     k = _dispatch._keys
     all_on = _keys_off(k)
     try:
-        cast = CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
-        observer = region.observer
-        casts = [] if observer is not None else None
-        cache = region.cache if _cache_on() else None
-        lower = target is frame.dtype
-        protected = rule.protected
-        on = eligible = 0
-        new_args = None
-        for i, a in enumerate(args):
-            if isinstance(a, _Tensor):
-                dt = a.dtype
-                if dt.is_floating_point and on_device(a):
-                    on += 1
-                    if dt is not _FLOAT64:
-                        eligible += 1
-                        # An argument the op writes is never replaced by a copy (its write
-                        # would be lost); it still counts (FIRST takes its dtype).
-                        if dt is not target and target is not None and not (protected and i in protected):
-                            if new_args is None:
-                                new_args = list(args)
-                            new_args[i] = cached_cast(a, dt, target, cast, cache, casts, rule.arg_names[i], lower)
-                if input_only:
-                    break
-            elif type(a) is list or type(a) is tuple:
-                items = None
-                for j, t in enumerate(a):
-                    if isinstance(t, _Tensor) and t.is_floating_point() and on_device(t):
-                        on += 1
-                        dt = t.dtype
-                        if dt is not _FLOAT64:
-                            eligible += 1
-                            if dt is not target and target is not None and not (protected and i in protected):
-                                if items is None:
-                                    items = list(a)
-                                items[j] = cached_cast(t, dt, target, cast, cache, casts, f"{rule.arg_names[i]}[{j}]", lower)
-                if items is not None:
-                    if new_args is None:
-                        new_args = list(args)
-                    new_args[i] = items if type(a) is list else tuple(items)
-        new_kwargs = kwargs
-        if kwargs and not input_only:
-            new_kwargs = dict(kwargs)
-            for n, v in kwargs.items():
-                if n in rule.written_names:
-                    continue  # out=: not an input (_into deals with it)
-                if isinstance(v, _Tensor) and v.is_floating_point() and on_device(v):
-                    on += 1
-                    dt = v.dtype
-                    if dt is not _FLOAT64:
-                        eligible += 1
-                        if dt is not target and target is not None:
-                            new_kwargs[n] = cached_cast(v, dt, target, cast, cache, casts, n, lower)
-        if not on:
-            # No tensor of the region's device: native autocast's kernel would not have been
-            # reached, so the call goes on as if the engine were not there (no event).
+        new_args, new_kwargs, eligible = _cast_inputs(region, rule, args, kwargs, target, target is frame.dtype, casts)
+        if not eligible and not _reached(region, rule, args, kwargs):
             _keys_on(k, all_on)
             all_on = None
             return _pass_on(op, args, kwargs, k.ops, k.all)
         if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
         if rule.into and target is not None:
-            new_args, new_kwargs, written = _into(rule, args if new_args is None else new_args, new_kwargs, target,
-                                                  on_device)
+            new_args, new_kwargs, written = into(rule, new_args, new_kwargs, target, region.eligible)
             out = op._op(*new_args, **new_kwargs)
             if written:
-                out = _write_back(written, out)
+                out = write_back(written, out)
         else:
-            out = op._op(*(args if new_args is None else new_args), **new_kwargs)
+            out = op._op(*new_args, **new_kwargs)
         if observer is not None:
             if eligible:
                 # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
                 # promoted the result beyond it.
-                event = Event(op, level, Outcome.CAST, action, rule.default, None, _dtypes(args, kwargs),
-                              _first_floating(out) or target, tuple(casts), args, kwargs)
+                event = Event(op, level, Outcome.CAST, rule.action, rule.default, None, input_dtypes(args, kwargs),
+                              first_floating(out) or target, tuple(casts), args, kwargs)
             else:  # every floating input on the device is float64
-                event = Event(op, level, Outcome.INELIGIBLE, action, rule.default, "float64",
-                              _dtypes(args, kwargs), _first_floating(out), (), args, kwargs)
+                event = Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, "float64",
+                              input_dtypes(args, kwargs), first_floating(out), (), args, kwargs)
             observer(event)
         return out
     finally:
@@ -313,30 +357,30 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
     """``_apply`` for the commonest call, specialised: a LOWER or FP32 rule with nothing else to
     consider (``OpRule.plain``), positional arguments, a region that does not observe (so the
     fallback's key needs no switching off). The same decisions, fewer steps: the cost of a cast
-    op is this function."""
+    op is this function. List arguments (``cat``) and calls with no eligible input go the long way."""
     lower = rule.action is _LOWER
     target = frame.dtype if lower else _FLOAT32
     cast = CAST[target]
     region = frame.region
-    on_device = region.on_device
+    is_eligible = region.eligible
     cache = region.cache if _cache_on() else None
     new_args = list(args)
-    on = False
+    eligible = False
     i = 0
     for a in args:
         if isinstance(a, _Tensor):
-            dt = a.dtype
-            if dt.is_floating_point and on_device(a):
-                on = True
-                if dt is not target and dt is not _FLOAT64:
-                    if cache is not None and a.requires_grad:  # _cast's first test, done here: the hot path
+            if is_eligible(a):
+                eligible = True
+                dt = a.dtype
+                if dt is not target:
+                    if cache is not None and a.requires_grad:  # cached_cast's first test, done here: the hot path
                         new_args[i] = cached_cast(a, dt, target, cast, cache, None, "", lower)
                     else:
                         new_args[i] = cast(a)
         elif type(a) is list or type(a) is tuple:
-            return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)  # cat's lists: the long way
+            return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
         i += 1
-    if not on:
+    if not eligible:
         return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
     _set_excluded(ops_key, True)
     try:
@@ -345,57 +389,7 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
         _set_excluded(ops_key, False)
 
 
-def _into(rule: OpRule, args, kwargs: dict, target: torch.dtype, on_device) -> tuple:
-    """Point the tensors an in-place or ``out=`` overload writes and returns at copies in the
-    dtype it computes in, where theirs differs: ``(args, kwargs, [(tensor, copy), ...])``.
-
-    [Note: named in-place and out= overloads] A policy that names ``addmm_`` or ``mm.out`` asks
-    for the computation in its dtype; the caller's tensor keeps its own. So the op computes
-    into a copy in that dtype (an in-place op's ``self`` is also an input: the copy holds its
-    values), and the result is written back into the caller's tensor, rounded to its dtype: a
-    float32 ``c`` after ``torch.mm(a, b, out=c)`` under a LOWER rule holds
-    ``torch.mm(a.bfloat16(), b.bfloat16()).float()``. A write is never lost to a copy, and the
-    caller gets its own tensor back. Float64 and non-floating outputs are left as they are."""
-    written = []
-    new_args = args
-    for i, a in enumerate(rule.op._schema.arguments):
-        if a.name not in rule.into:
-            continue
-        if a.kwarg_only:
-            t = kwargs.get(a.name)
-        else:
-            t = args[i] if i < len(args) else None
-        if not (isinstance(t, _Tensor) and t.dtype is not target and t.is_floating_point()
-                and t.dtype is not _FLOAT64 and on_device(t)):
-            continue
-        copy = t.to(target)
-        written.append((t, copy))
-        if a.kwarg_only:
-            kwargs = dict(kwargs)
-            kwargs[a.name] = copy
-        else:
-            new_args = list(new_args)
-            new_args[i] = copy
-    return new_args, kwargs, written
-
-
-def _write_back(written: list, out):
-    """Copy each computed ``copy`` into its caller's tensor and return what the op would have
-    returned with the caller's tensors (see ``_into``)."""
-    swap = {}
-    for t, copy in written:
-        if t.shape != copy.shape:
-            t.resize_(copy.shape)  # out= tensors are resized to the result, as the op would
-        t.copy_(copy)
-        swap[id(copy)] = t
-    if isinstance(out, _Tensor):
-        return swap.get(id(out), out)
-    if isinstance(out, (tuple, list)):
-        return type(out)(swap.get(id(o), o) if isinstance(o, _Tensor) else o for o in out)
-    return out
-
-
-def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict):
+def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
     """Leave the call to native autocast's kernel for the op (``Policy.native``): its key is
     switched on for this one call, with the region's dtype, and the engine's keys off."""
     k = _dispatch._keys
@@ -414,37 +408,13 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
         _native_set_dtype(device, before[3])
     observer = frame.region.observer
     if observer is not None:
-        _notify(observer, Event(op, Level.KERNEL, Outcome.NATIVE, None, None, None, _dtypes(args, kwargs),
-                                _first_floating(out), (), args, kwargs))
+        _notify(observer, Event(op, level, Outcome.NATIVE, None, None, None, input_dtypes(args, kwargs),
+                                first_floating(out), (), args, kwargs))
     return out
 
 
 _native_get_dtype = torch._C.get_autocast_dtype
 _native_set_dtype = torch._C.set_autocast_dtype
-
-
-def _eligible_dtypes(rule: OpRule, args: tuple, kwargs: dict, on_device, input_only: bool) -> list:
-    """The eligible inputs' dtypes in argument order (PROMOTE and FIRST decide from them). An
-    argument the op writes counts under FIRST: HPU's iadd keeps the dtype of its ``self``."""
-    # An in-place op's self counts (it is an input too; FIRST takes its dtype), other written
-    # arguments do not (running statistics, out=).
-    protected = rule.protected if rule.action is not CastPolicy.FIRST else ()
-    dtypes = []
-    for i, a in enumerate(args):
-        if i in protected and (i or "self" not in rule.into):
-            continue
-        if isinstance(a, _Tensor):
-            if a.is_floating_point() and a.dtype is not _FLOAT64 and on_device(a):
-                dtypes.append(a.dtype)
-            if input_only:
-                return dtypes
-        elif type(a) is list or type(a) is tuple:
-            dtypes.extend(t.dtype for t in a if isinstance(t, _Tensor) and t.is_floating_point()
-                          and t.dtype is not _FLOAT64 and on_device(t))
-    if not input_only:
-        dtypes.extend(v.dtype for n, v in kwargs.items() if isinstance(v, _Tensor) and v.is_floating_point()
-                      and v.dtype is not _FLOAT64 and on_device(v) and n not in rule.written_names)
-    return dtypes
 
 
 def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,
@@ -458,32 +428,12 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
         observer = frame.region.observer
         if observer is not None:
             observer(Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, reason,
-                           _dtypes(args, kwargs), _first_floating(out), (), args, kwargs))
+                           input_dtypes(args, kwargs), first_floating(out), (), args, kwargs))
         return out
     finally:
         _keys_on(k, all_on)
 
 
-def _dtypes(args: tuple, kwargs: dict) -> tuple:
-    """Tensor inputs' dtypes in argument order, lists flattened, ``out=`` excluded."""
-    out = []
-    for a in args:
-        if isinstance(a, _Tensor):
-            out.append(a.dtype)
-        elif isinstance(a, (list, tuple)):
-            out.extend(t.dtype for t in a if isinstance(t, _Tensor))
-    for n, v in kwargs.items():
-        if n != "out" and isinstance(v, _Tensor):
-            out.append(v.dtype)
-    return tuple(out)
-
-
-def _first_floating(out) -> Optional[torch.dtype]:
-    if isinstance(out, _Tensor):
-        return out.dtype if out.is_floating_point() else None
-    if isinstance(out, (list, tuple)):
-        for o in out:
-            d = _first_floating(o)
-            if d is not None:
-                return d
-    return None
+#: The function for each rule's cast policy (``None``: a rule left to native autocast).
+_BY_POLICY = {CastPolicy.LOWER: _lower, CastPolicy.FP32: _fp32, CastPolicy.PROMOTE: _promote,
+              CastPolicy.FIRST: _first, None: _to_native}

@@ -20,13 +20,14 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from operator import attrgetter
 from contextvars import ContextVar
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from . import _compile_guard, _dispatch
+from ._devices import tensor_on
+from .rules import eligibility
 from ._table import CompiledPolicy, OpRule
 from .events import Event
 
@@ -34,8 +35,6 @@ __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost
            "replace_innermost", "REGION_HOOKS", "GUARD"]
 
 _EMPTY: Dict[int, OpRule] = {}
-_ON_DEVICE = {"cpu": attrgetter("is_cpu"), "cuda": attrgetter("is_cuda"), "meta": attrgetter("is_meta"),
-              "xpu": attrgetter("is_xpu"), "mps": attrgetter("is_mps")}
 _cache_on = torch._C.is_autocast_cache_enabled
 _set_cache_on = torch._C.set_autocast_cache_enabled
 _thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
@@ -45,7 +44,7 @@ class Region:
     """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
-                 "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
+                 "observer", "observes", "eligible", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
                  "eager", "every_device")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
@@ -55,8 +54,10 @@ class Region:
         self.rules = compiled.by_id if enabled and compiled is not None else _EMPTY
         self.dtype = dtype
         self.device_type = device_type
-        #: Whether a tensor is on ``device_type`` (``is_cpu`` costs a quarter of ``device.type``).
-        self.on_device = _ON_DEVICE.get(device_type) or (lambda t: t.device.type == device_type)
+        #: Whether a tensor is on ``device_type``.
+        self.on_device = tensor_on(device_type)
+        #: Whether a tensor is one this region may cast (``rules.eligibility``: the one rule).
+        self.eligible = eligibility(device_type)
         self.enabled = enabled
         self.cache_enabled = cache_enabled
         self.observer = observer

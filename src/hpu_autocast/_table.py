@@ -41,7 +41,7 @@ class OpRule:
         #: The same by name: a keyword argument (``out=``) is never replaced by a cast copy either.
         self.written_names = frozenset(name for _, name in written)
         #: The written arguments the op returns (an in-place ``self``, ``out=``), by name: the op
-        #: computes into copies in its dtype, written back into them (``_kernels._write_back``).
+        #: computes into copies in its dtype, written back into them (``_inplace.write_back``).
         self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
