@@ -76,7 +76,7 @@ from torch.library import Library, fallthrough_kernel
 
 from . import _ops
 
-__all__ = ["Keys", "keys", "ThreadSwitch", "thread_switch"]
+__all__ = ["Keys", "keys", "KeyGuard", "ThreadSwitch", "thread_switch"]
 
 _DK = torch._C.DispatchKey
 _set_included = torch._C._dispatch_tls_set_dispatch_key_included
@@ -87,6 +87,42 @@ _is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 # The autocast keys no in-tree backend uses, with the device whose backend would claim each,
 # lowest dispatch priority first (the ops key is the first free one; Note: borrowing keys).
 _CANDIDATES = (("AutocastIPU", "ipu"), ("AutocastHPU", "hpu"), ("AutocastPrivateUse1", "privateuseone"))
+
+
+# [Note: excluding keys around a call]
+# The dispatcher picks a call's kernel from its key set: the keys its tensors carry, plus the
+# calling thread's *included* set, minus the thread's *excluded* set (both thread-local, copied to
+# autograd's worker threads with ``ThreadLocalState``), highest priority first. So a call made
+# with a key excluded runs as if that key had no kernel, and only in this thread: this is how
+# native autocast's kernels leave an op's insides alone (``ExcludeDispatchKeyGuard``), and how
+# the engine does, with ``KeyGuard``. A guard *restores* each key's exclusion to what it was at
+# its entry rather than resetting it to "not excluded": calls nest (a kernel's op calls an
+# observer, which calls torch under ``keys_excluded``; a region runs inside a backward whose
+# thread inherited excluded keys), and a reset would switch a key back on inside an outer guard
+# that excluded it. (The fast path, ``_kernels._apply_plain``, resets its one key: a kernel on the
+# ops key runs only while that key is not excluded in its thread, so "not excluded" is what was
+# there; see its comment for why it does not take a guard.)
+class KeyGuard:
+    """While open, the calling thread's dispatch excludes the keys ``exclude`` and no longer
+    excludes the keys ``unexclude`` (a native autocast key switched on); on exit, each of those
+    keys is excluded exactly as it was at the entry (Note: excluding keys around a call). One
+    guard per use: it holds the state it restores."""
+
+    __slots__ = ("_keys", "_flags", "_was")
+
+    def __init__(self, exclude: tuple = (), unexclude: tuple = ()) -> None:
+        self._keys = (*exclude, *unexclude)
+        self._flags = (True,) * len(exclude) + (False,) * len(unexclude)
+
+    def __enter__(self) -> "KeyGuard":
+        self._was = tuple(map(_is_excluded, self._keys))
+        for key, flag in zip(self._keys, self._flags):
+            _set_excluded(key, flag)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for key, was in zip(self._keys, self._was):
+            _set_excluded(key, was)
 
 
 def _claimed(name: str, device: str) -> bool:

@@ -16,7 +16,6 @@ Data flow of one call (docs/design.md has the long form)::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Callable, Iterator, Optional, Tuple
 
@@ -24,6 +23,7 @@ import torch
 from torch._ops import OpOverload
 
 from . import _compile_guard, _dispatch, _ops
+from ._dispatch import KeyGuard
 from ._cast_cache import CAST, cached_cast
 from ._inplace import into, write_back
 from ._regions import Frame, _get_frame, innermost
@@ -50,18 +50,10 @@ def keys() -> _dispatch.Keys:
     return _dispatch._keys or _dispatch.keys(make_kernel, make_fallback)
 
 
-@contextlib.contextmanager
-def keys_excluded() -> Iterator[None]:
-    """The body runs as if no region were open in this thread (the engine's keys excluded)."""
+def keys_excluded() -> KeyGuard:
+    """A guard: its body runs as if no region were open in this thread (the engine's keys excluded)."""
     k = keys()
-    before = _is_excluded(k.ops), _is_excluded(k.all)
-    _set_excluded(k.ops, True)
-    _set_excluded(k.all, True)
-    try:
-        yield
-    finally:
-        _set_excluded(k.ops, before[0])
-        _set_excluded(k.all, before[1])
+    return KeyGuard((k.ops, k.all))
 
 
 # -- one call ---------------------------------------------------------------------------------
@@ -127,11 +119,8 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
     if frame is not None and frame.region.compiled is not None and id(op) in frame.region.compiled.by_id:
         # This key sits above the ops key (_dispatch's Note: borrowing keys): an op of the
         # region's policy is the ops key's kernel's to cast, or to report as disabled.
-        _set_excluded(all_key, True)
-        try:
+        with KeyGuard((all_key,)):
             return op._op(*args, **kwargs)
-        finally:
-            _set_excluded(all_key, False)
     if frame is not None and frame.enabled and not _ops.is_composite(op):
         region = frame.region
         compiled = region.compiled
@@ -141,11 +130,8 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
                 return _apply(frame, rule, op, args, kwargs, Level.FALLBACK)
         if region.observer is not None:
             # The op's own C++ calls are its insides: not reported (they still reach the kernels).
-            _set_excluded(all_key, True)
-            try:
+            with KeyGuard((all_key,)):
                 out = op._op(*args, **kwargs)
-            finally:
-                _set_excluded(all_key, False)
             inputs = input_dtypes(args, kwargs)
             if any(d.is_floating_point for d in inputs) and not _ops.is_view(op):
                 _notify(region.observer, Event(op, Level.FALLBACK, Outcome.UNLISTED, None, None, None, inputs,
@@ -170,37 +156,14 @@ def _pass_on(op: OpOverload, args: tuple, kwargs: dict, *keys) -> object:
     with ``keys`` excluded too."""
     if _ops.is_composite(op) and all(_is_excluded(n) for n in _NATIVE_AUTOCAST if n not in keys):
         return op.decompose(*args, **kwargs)
-    before = [_is_excluded(k) for k in keys]
-    for k in keys:
-        _set_excluded(k, True)
-    try:
+    with KeyGuard(keys):
         return op._op(*args, **kwargs)
-    finally:
-        for k, was in zip(keys, before):
-            _set_excluded(k, was)
 
 
 def _notify(observer: Callable[[Event], None], event: Event) -> None:
     """Call the observer with the engine's keys off: its own torch calls are not the user's."""
     with keys_excluded():
         observer(event)
-
-
-def _keys_off(k: "_dispatch.Keys") -> bool:
-    """Exclude the engine's keys around a call it handles (the call's insides are its own, as
-    native autocast excludes its key); returns whether the fallback's key was on, for ``_keys_on``."""
-    all_on = not _is_excluded(k.all)
-    _set_excluded(k.ops, True)
-    if all_on:
-        _set_excluded(k.all, True)
-    return all_on
-
-
-def _keys_on(k: "_dispatch.Keys", all_on: bool) -> None:
-    """Undo ``_keys_off``."""
-    _set_excluded(k.ops, False)
-    if all_on:
-        _set_excluded(k.all, False)
 
 
 # -- one call under a rule: one function per cast policy ---------------------------------------
@@ -318,39 +281,40 @@ def _cast_and_call(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwar
     none), call, report. A call with no floating tensor of the region's device goes on as if the
     engine were not there (no event)."""
     region = frame.region
-    observer = region.observer
-    casts = [] if observer is not None else None
+    casts = [] if region.observer is not None else None
     k = _dispatch._keys
-    all_on = _keys_off(k)
-    try:
+    with KeyGuard((k.ops, k.all)):
         new_args, new_kwargs, eligible = _cast_inputs(region, rule, args, kwargs, target, target is frame.dtype, casts)
-        if not eligible and not _reached(region, rule, args, kwargs):
-            _keys_on(k, all_on)
-            all_on = None
-            return _pass_on(op, args, kwargs, k.ops, k.all)
-        if rule.banned is not None:
+        if eligible or _reached(region, rule, args, kwargs):
+            return _call(frame, rule, op, args, kwargs, level, target, new_args, new_kwargs, eligible, casts)
+    return _pass_on(op, args, kwargs, k.ops, k.all)
+
+
+def _call(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,
+          target: Optional[torch.dtype], new_args: list, new_kwargs: dict, eligible: int, casts: Optional[list]):
+    """Call the op on its cast arguments (into copies for a named in-place or ``out=`` overload),
+    and report (``_cast_and_call``, with the engine's keys excluded)."""
+    if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
-        if rule.into and target is not None:
-            new_args, new_kwargs, written = into(rule, new_args, new_kwargs, target, region.eligible)
-            out = op._op(*new_args, **new_kwargs)
-            if written:
-                out = write_back(written, out)
-        else:
-            out = op._op(*new_args, **new_kwargs)
-        if observer is not None:
-            if eligible:
-                # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
-                # promoted the result beyond it.
-                event = Event(op, level, Outcome.CAST, rule.action, rule.default, None, input_dtypes(args, kwargs),
-                              first_floating(out) or target, tuple(casts), args, kwargs)
-            else:  # every floating input on the device is float64
-                event = Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, "float64",
-                              input_dtypes(args, kwargs), first_floating(out), (), args, kwargs)
-            observer(event)
-        return out
-    finally:
-        if all_on is not None:
-            _keys_on(k, all_on)
+    if rule.into and target is not None:
+        new_args, new_kwargs, written = into(rule, new_args, new_kwargs, target, frame.region.eligible)
+        out = op._op(*new_args, **new_kwargs)
+        if written:
+            out = write_back(written, out)
+    else:
+        out = op._op(*new_args, **new_kwargs)
+    observer = frame.region.observer
+    if observer is not None:
+        if eligible:
+            # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
+            # promoted the result beyond it.
+            event = Event(op, level, Outcome.CAST, rule.action, rule.default, None, input_dtypes(args, kwargs),
+                          first_floating(out) or target, tuple(casts), args, kwargs)
+        else:  # every floating input on the device is float64
+            event = Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, "float64",
+                          input_dtypes(args, kwargs), first_floating(out), (), args, kwargs)
+        observer(event)
+    return out
 
 
 def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_key):
@@ -382,6 +346,8 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
         i += 1
     if not eligible:
         return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
+    # Not a KeyGuard: its ~0.4 us would be 7% of a cast op; the one key is switched by hand and
+    # reset, which restores it (Note: excluding keys around a call, in _dispatch).
     _set_excluded(ops_key, True)
     try:
         return call(*new_args)
@@ -393,19 +359,14 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     """Leave the call to native autocast's kernel for the op (``Policy.native``): its key is
     switched on for this one call, with the region's dtype, and the engine's keys off."""
     k = _dispatch._keys
-    native, device = rule.native, frame.region.device_type
-    before = _is_excluded(k.ops), _is_excluded(k.all), _is_excluded(native), _native_get_dtype(device)
-    _set_excluded(k.ops, True)
-    _set_excluded(k.all, True)
-    _set_excluded(native, False)
+    device = frame.region.device_type
+    dtype_was = _native_get_dtype(device)
     _native_set_dtype(device, frame.dtype)
     try:
-        out = op._op(*args, **kwargs)
+        with KeyGuard((k.ops, k.all), unexclude=(rule.native,)):
+            out = op._op(*args, **kwargs)
     finally:
-        _set_excluded(k.ops, before[0])
-        _set_excluded(k.all, before[1])
-        _set_excluded(native, before[2])
-        _native_set_dtype(device, before[3])
+        _native_set_dtype(device, dtype_was)
     observer = frame.region.observer
     if observer is not None:
         _notify(observer, Event(op, level, Outcome.NATIVE, None, None, None, input_dtypes(args, kwargs),
@@ -422,16 +383,13 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
     its own."""
     k = _dispatch._keys
-    all_on = _keys_off(k)
-    try:
+    with KeyGuard((k.ops, k.all)):
         out = op._op(*args, **kwargs)
         observer = frame.region.observer
         if observer is not None:
             observer(Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, reason,
                            input_dtypes(args, kwargs), first_floating(out), (), args, kwargs))
         return out
-    finally:
-        _keys_on(k, all_on)
 
 
 #: The function for each rule's cast policy (``None``: a rule left to native autocast).
