@@ -23,6 +23,7 @@ import torch
 from torch._ops import OpOverload
 
 from . import _compile_guard, _dispatch, _ops
+from ._devices import native_autocast_keys
 from ._dispatch import KeyGuard
 from ._cast_cache import CAST, cached_cast
 from ._inplace import into, write_back
@@ -140,9 +141,7 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
     return _pass_on(op, args, kwargs, all_key)
 
 
-_NATIVE_AUTOCAST = tuple(getattr(torch._C.DispatchKey, name) for name in (
-    "AutocastCPU", "AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastHPU")
-    if hasattr(torch._C.DispatchKey, name))
+_NATIVE_AUTOCAST = native_autocast_keys()
 
 
 def _pass_on(op: OpOverload, args: tuple, kwargs: dict, *keys) -> object:

@@ -27,7 +27,6 @@ UNMARKED_WRITES = {
 #: bias (what Gaudi's bridge does for input-only norms), but whose CUDA kernels require the
 #: parameters in the input's dtype ("expected scalar type BFloat16 but found Float").
 PARAMS_FOLLOW_INPUT = frozenset({"layer_norm", "native_layer_norm", "group_norm", "native_group_norm"})
-MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
 
 
 #: [Note: fused fast paths] The fused kernels PyTorch's modules call on their inference fast

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from . import _compile_guard, _dispatch
-from ._devices import tensor_on
+from ._devices import NATIVE_AUTOCAST_DEVICES, tensor_on
 from .rules import eligibility
 from ._table import CompiledPolicy, OpRule
 from .events import Event
@@ -262,14 +262,10 @@ def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
     return on
 
 
-#: The device types torch.autocast casts for natively (``meta`` has none).
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia")
-
-
 def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
     """Devices whose torch autocast a ``disable_casts()`` turns off: all but those whose autocast
     keys this package borrowed (their state is the engine's own)."""
-    return tuple(d for d in _AUTOCAST_DEVICES if d not in (k.ops_device, k.all_device))
+    return tuple(d for d in NATIVE_AUTOCAST_DEVICES if d not in (k.ops_device, k.all_device))
 
 
 def exit(region: Region) -> None:

@@ -17,6 +17,7 @@ import torch
 from torch._ops import OpOverload
 
 from . import _ops
+from ._devices import MIXED_PARAMS_DEVICES
 from .policy import CastPolicy, Policy
 
 __all__ = ["OpRule", "CompiledPolicy", "compile_policy"]
@@ -63,7 +64,7 @@ class OpRule:
         """Whether a call on ``device_type`` casts its first tensor alone (weight and bias keep
         their dtype)."""
         if self.params_follow:
-            return device_type in _ops.MIXED_PARAMS_DEVICES
+            return device_type in MIXED_PARAMS_DEVICES
         return self.input_only
 
     def __repr__(self) -> str:

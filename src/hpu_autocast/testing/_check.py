@@ -446,7 +446,7 @@ def _roots(fn: Callable, modules) -> Dict[str, torch.nn.Module]:
 def _resolve(policy, dtype, device_type) -> Tuple[Policy, str]:
     p = as_policy(policy)
     p.check_dtype(dtype)
-    return p, device_type or _mode._default_device(p)
+    return p, device_type or _mode.default_device_type(p)
 
 
 @contextlib.contextmanager
