@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
+from . import _torch
 from .events import Cast
 
 __all__ = ["cached_cast", "CAST"]
@@ -15,7 +16,7 @@ __all__ = ["cached_cast", "CAST"]
 _FLOAT32 = torch.float32
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled
+_set_grad_enabled = _torch.set_grad_enabled
 _inference_mode = torch.is_inference_mode_enabled
 
 #: The plain cast to each dtype a region computes in (``Tensor.bfloat16`` and friends).

@@ -16,6 +16,8 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from . import _torch
+
 __all__ = ["REGION_DEVICE_TYPES", "NATIVE_AUTOCAST_DEVICES", "MIXED_PARAMS_DEVICES", "tensor_on",
            "native_autocast_keys", "check_dtype", "default_cache_enabled", "default_device_type"]
 
@@ -46,8 +48,7 @@ def tensor_on(device_type: str) -> Callable[[torch.Tensor], bool]:
 
 def native_autocast_keys() -> Tuple[object, ...]:
     """The native autocast dispatch keys this torch has."""
-    return tuple(getattr(torch._C.DispatchKey, name) for name in _NATIVE_AUTOCAST_KEYS
-                 if hasattr(torch._C.DispatchKey, name))
+    return tuple(k for k in map(_torch.dispatch_key, _NATIVE_AUTOCAST_KEYS) if k is not None)
 
 
 def check_dtype(dtype: torch.dtype, device_type: str) -> None:

@@ -74,15 +74,15 @@ import torch
 from torch._ops import OpOverload
 from torch.library import Library, fallthrough_kernel
 
-from . import _ops
+from . import _ops, _torch
 
 __all__ = ["Keys", "keys", "KeyGuard", "ThreadSwitch", "thread_switch"]
 
 _DK = torch._C.DispatchKey
-_set_included = torch._C._dispatch_tls_set_dispatch_key_included
-_set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
-_is_included = torch._C._dispatch_tls_is_dispatch_key_included
-_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_set_included = _torch.set_included
+_set_excluded = _torch.set_excluded
+_is_included = _torch.is_included
+_is_excluded = _torch.is_excluded
 
 # The autocast keys no in-tree backend uses, with the device whose backend would claim each,
 # lowest dispatch priority first (the ops key is the first free one; Note: borrowing keys).
@@ -130,10 +130,10 @@ def _claimed(name: str, device: str) -> bool:
     key = getattr(_DK, name, None)
     if key is None:
         return True
-    if torch._C._dispatch_has_backend_fallback(key):
+    if _torch.has_backend_fallback(key):
         return True  # some library registered a fallback: the key is in use
     if device == "privateuseone":
-        return torch._C._get_privateuse1_backend_name() != "privateuseone"
+        return _torch.privateuse1_backend_name() != "privateuseone"
     if device == "hpu":
         return "habana_frameworks.torch" in sys.modules
     return False
@@ -151,8 +151,8 @@ def _gaudi_installed() -> bool:
 
 
 def _describe(name: str, device: str) -> str:
-    if device == "privateuseone" and torch._C._get_privateuse1_backend_name() != "privateuseone":
-        return f"{name} (PrivateUse1 backend {torch._C._get_privateuse1_backend_name()!r})"
+    if device == "privateuseone" and _torch.privateuse1_backend_name() != "privateuseone":
+        return f"{name} (PrivateUse1 backend {_torch.privateuse1_backend_name()!r})"
     if device == "hpu" and "habana_frameworks.torch" in sys.modules:
         return f"{name} (Gaudi's bridge)"
     return f"{name} (a library registered a fallback there)"
@@ -258,7 +258,7 @@ class Keys:
         through, per op (``_ops.is_view``: views and in-place views such as ``detach_``)."""
         if self._fallback_ready:
             return
-        for schema in torch._C._jit_get_all_schemas():
+        for schema in _torch.all_schemas():
             ns, _, name = schema.name.partition("::")
             qualified = f"{name}.{schema.overload_name}" if schema.overload_name else name
             try:

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional, Tuple
 import torch
 from torch._ops import OpOverload
 
-from . import _compile_guard, _dispatch, _ops
+from . import _compile_guard, _dispatch, _ops, _torch
 from ._devices import native_autocast_keys
 from ._dispatch import KeyGuard
 from ._cast_cache import CAST, cached_cast
@@ -40,9 +40,9 @@ _FLOAT64 = torch.float64
 _LOWER = CastPolicy.LOWER
 _FP32 = CastPolicy.FP32
 _Tensor = torch.Tensor
-_set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
-_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
-_dispatch_modes = torch._C._len_torch_dispatch_stack
+_set_excluded = _torch.set_excluded
+_is_excluded = _torch.is_excluded
+_dispatch_modes = _torch.dispatch_mode_depth
 _cache_on = torch._C.is_autocast_cache_enabled
 
 
@@ -65,7 +65,7 @@ def make_kernel(op: OpOverload) -> Callable:
     call = op._op
 
     tracing = _compile_guard.tracing
-    below = torch._C._dispatch_keyset_full_after(ops_key)
+    below = _torch.keyset_after(ops_key)
     # Positional arguments typed Tensor: a Python kernel receives a wrapped scalar (the 3 of
     # x / 3) there as a Python number, which a boxed redispatch refuses.
     slots = tuple(i for i, a in enumerate(op._schema.arguments)

@@ -9,6 +9,8 @@ from typing import Iterator, Optional
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
+from . import _torch
+
 # Note: the composite batch_norm schemas do not mark their running statistics as written,
 # yet the kernels update them in place. A cast copy would swallow those writes, so they are
 # named here as data. Positions are looked up in each overload's schema by name.
@@ -163,7 +165,7 @@ def all_overloads(namespace: str = "aten") -> Iterator[OpOverload]:
     dispatcher's own table is complete.
     """
     prefix = namespace + "::"
-    for qualified in sorted(torch._C._dispatch_get_all_op_names()):
+    for qualified in sorted(_torch.all_op_names()):
         if not qualified.startswith(prefix):
             continue
         base, _, overload = qualified[len(prefix):].partition(".")
@@ -180,7 +182,7 @@ def has_kernel(op: OpOverload, key: str) -> bool:
     """Whether ``op`` has a kernel for dispatch key ``key`` (False for TorchScript-only
     overloads such as ``aten::einsum.sublist``, which the dispatcher does not know)."""
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+        return _torch.has_kernel_for(op.name(), key)
     except RuntimeError:
         return False
 

@@ -17,15 +17,13 @@ generator closed late, an exit out of order), so an exit never leaves casting on
 
 from __future__ import annotations
 
-import ctypes
-import sys
 import threading
 from contextvars import ContextVar
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _compile_guard, _dispatch
+from . import _compile_guard, _dispatch, _torch
 from ._devices import NATIVE_AUTOCAST_DEVICES, tensor_on
 from .rules import eligibility
 from ._table import CompiledPolicy, OpRule
@@ -101,44 +99,9 @@ _get_frame = _FRAME.get
 # but inherit the caller's thread-local state, torch's Python objects stashed there included
 # (``ThreadLocalState``). The innermost frame is stashed there too, with the thread it belongs
 # to, so a backward run inside a region casts there as it would in the region's thread.
-_stash = getattr(torch._C, "_stash_obj_in_tls", None)
-_stashed = getattr(torch._C, "_get_obj_in_tls", None)
-_has_stash = getattr(torch._C, "_is_key_in_tls", None)
-_STASH_KEY = "hpu_autocast.frame"
-
-
-def _stash_steals() -> bool:
-    """Whether ``_stash_obj_in_tls`` keeps the object without a reference of its own: torch before
-    2.13 wraps the borrowed pointer in a ``SafePyObject``, which releases a reference when it is
-    replaced or its thread ends, so each object stashed must be given one (else a stashed frame,
-    or ``None``, is freed while still in use). Probed once, on a fresh object; the probe leaves
-    ``None`` stashed in the importing thread, which reads as "nothing inherited"."""
-    if _stash is None:
-        return False
-    probe = object()
-    before = sys.getrefcount(probe)
-    _stash(_STASH_KEY, probe)
-    steals = sys.getrefcount(probe) == before
-    if steals:
-        _incref(probe)  # the reference the stash drops when None replaces the probe, below
-        _incref(None)
-    _stash(_STASH_KEY, None)
-    return steals
-
-
-def _incref(obj: object) -> None:
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-
-
-_STASH_STEALS = _stash_steals()
-
-
 def _set_frame(frame: Optional[Frame]) -> None:
     _FRAME.set(frame)
-    if _stash is not None:
-        if _STASH_STEALS:
-            _incref(frame)
-        _stash(_STASH_KEY, frame)
+    _torch.tls_stash(frame)
 
 
 def _open(frame: Optional[Frame]) -> Optional[Frame]:
@@ -149,9 +112,7 @@ def _open(frame: Optional[Frame]) -> Optional[Frame]:
 
 def _inherited() -> Optional[Frame]:
     # Only in another thread than the frame's own: in its own thread, the context decides.
-    if _has_stash is None or not _has_stash(_STASH_KEY):
-        return None
-    frame = _stashed(_STASH_KEY)
+    frame = _torch.tls_stashed()
     return _open(frame) if frame is not None and frame.region.thread != threading.get_ident() else None
 
 

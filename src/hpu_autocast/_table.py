@@ -16,7 +16,7 @@ from typing import Dict, Optional
 import torch
 from torch._ops import OpOverload
 
-from . import _ops
+from . import _ops, _torch
 from ._devices import MIXED_PARAMS_DEVICES
 from .policy import CastPolicy, Policy
 
@@ -112,13 +112,12 @@ class CompiledPolicy:
         key = self.policy.native
         if key is None:
             return []
-        impls = getattr(torch.library, "_impls", None)
-        epoch = len(impls) if impls is not None else 0
+        epoch = _torch.python_registrations() or 0
         if epoch == self._native_epoch:
             return []
         self._native_epoch = epoch
         added = []
-        for name in torch._C._dispatch_get_registrations_for_dispatch_key(key):
+        for name in _torch.registrations_for(key):
             if name.startswith("aten::"):
                 continue
             op = _ops.overload_named(name)
