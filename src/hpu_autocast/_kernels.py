@@ -1,6 +1,7 @@
 """The kernels: the bodies that apply a rule to one call (the ops key's kernel per policy
-overload, the observing key's fallback), passing a call on, the hand-off to native autocast, and
-in-place / ``out=`` overloads computed into copies and written back.
+overload, the observing key's fallback): one function per cast policy, passing a call on, the
+hand-off to native autocast (casting goes through ``_cast_cache``, named in-place and ``out=``
+overloads through ``_inplace``).
 
 Data flow of one call (docs/design.md has the long form)::
 
@@ -23,9 +24,9 @@ import torch
 from torch._ops import OpOverload
 
 from . import _compile_guard, _dispatch, _ops, _torch
-from ._devices import native_autocast_keys
-from ._dispatch import KeyGuard
 from ._cast_cache import CAST, cached_cast
+from ._devices import native_autocast_keys, tensor_on
+from ._dispatch import KeyGuard
 from ._inplace import into, write_back
 from ._regions import Frame, _get_frame, innermost
 from ._table import OpRule
@@ -269,7 +270,8 @@ def _cast_inputs(region, rule: OpRule, args: tuple, kwargs: dict, target: Option
 def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
     """Whether the call has a floating tensor of the region's device (float64 included): else native
     autocast's kernel would not have been reached."""
-    return any(t.is_floating_point() and region.on_device(t)
+    on_device = tensor_on(region.device_type)
+    return any(t.is_floating_point() and on_device(t)
                for _, _, t in _inputs(rule, args, kwargs, _input_only(rule, region)))
 
 

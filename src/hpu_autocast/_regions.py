@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from . import _compile_guard, _dispatch, _torch
-from ._devices import NATIVE_AUTOCAST_DEVICES, tensor_on
+from ._devices import NATIVE_AUTOCAST_DEVICES
 from .rules import eligibility
 from ._table import CompiledPolicy, OpRule
 from .events import Event
@@ -41,7 +41,7 @@ _thread = threading.local()  # per thread: torch's cache flag before its first r
 class Region:
     """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
 
-    __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
+    __slots__ = ("compiled", "rules", "dtype", "device_type", "enabled", "cache_enabled",
                  "observer", "observes", "eligible", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
                  "eager", "every_device")
 
@@ -52,8 +52,6 @@ class Region:
         self.rules = compiled.by_id if enabled and compiled is not None else _EMPTY
         self.dtype = dtype
         self.device_type = device_type
-        #: Whether a tensor is on ``device_type``.
-        self.on_device = tensor_on(device_type)
         #: Whether a tensor is one this region may cast (``rules.eligibility``: the one rule).
         self.eligible = eligibility(device_type)
         self.enabled = enabled

@@ -43,6 +43,7 @@ Not private, but of the same kind and also only asked here: ``torch._C.DispatchK
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from typing import Optional
 
@@ -123,13 +124,19 @@ _STASH_KEY = "hpu_autocast.frame"
 _STASH_STEALS = _stash_steals(_STASH_KEY)
 
 
-def tls_stash(obj: object) -> None:
-    """Stash ``obj`` in the calling thread's state that autograd's worker threads inherit
-    (nothing where torch has no stash)."""
-    if _stash is not None:
-        if _STASH_STEALS:
-            _incref(obj)
-        _stash(_STASH_KEY, obj)
+def _stash_with_reference(obj: object) -> None:
+    _incref(obj)
+    _stash(_STASH_KEY, obj)
+
+
+def _no_stash(obj: object) -> None:
+    pass
+
+
+#: ``tls_stash(obj)``: stash ``obj`` in the calling thread's state that autograd's worker threads
+#: inherit; nothing where torch has no stash. (Chosen once: every region entry and exit calls it.)
+tls_stash = (_no_stash if _stash is None else _stash_with_reference if _STASH_STEALS
+             else functools.partial(_stash, _STASH_KEY))
 
 
 def tls_stashed() -> object:
