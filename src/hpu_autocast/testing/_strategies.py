@@ -34,7 +34,7 @@ ELIGIBLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _device(device: Optional[Union[str, torch.device]]) -> torch.device:
-    return torch.device(device if device is not None else _mode._default_device(None))
+    return torch.device(device if device is not None else _mode.default_device_type())
 
 
 def _make(shape: Sequence[int], dtype: torch.dtype, seed: int, device: torch.device) -> torch.Tensor:
