@@ -116,7 +116,8 @@ NO_GRAD_CAST = "a weight cast under no_grad does not require grad, as native's d
 
 
 def _eval_params() -> list:
-    return [pytest.param(name, dtype, id=f"{name}-{dtype}", marks=pytest.mark.xfail(reason=NO_GRAD_CAST, strict=True)
+    # Not strict: where mm and bmm agree (another CPU, another torch) LeViT matches.
+    return [pytest.param(name, dtype, id=f"{name}-{dtype}", marks=pytest.mark.xfail(reason=NO_GRAD_CAST)
                          if (name, dtype) == ("timm_levit_128s", torch.float16) else ())
             for name in ARCHS for dtype in DTYPES]
 
@@ -135,33 +136,36 @@ def test_eval_forward_matches_native(name, dtype):
 
 
 def _transposed_linear():
-    """A float16 input, non-contiguous and 3-D, and a float32 weight that requires grad."""
+    """A float16 input, non-contiguous and 3-D, a float32 weight that requires grad, and the two
+    results a float16 copy of the weight can give under no_grad: that of a copy that requires
+    grad (matmul folds the input into one mm) and that of a plain copy (bmm). Skips where the
+    two kernels agree on this build (torch 2.4's do here)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 128, 16, generator=g).transpose(1, 2).half()
-    return x, torch.randn(256, 128, generator=g, requires_grad=True)
+    w = torch.randn(256, 128, generator=g, requires_grad=True)
+    with torch.no_grad():
+        folded = torch.nn.functional.linear(x, w.half().requires_grad_())
+        plain = torch.nn.functional.linear(x, w.half())
+    if not differences(folded, plain):
+        pytest.skip("mm and bmm agree on this build: a weight copy's requires_grad changes no value")
+    return x, w, folded
 
 
 def test_native_casts_a_weight_as_one_that_requires_grad_under_no_grad():
-    # The oracle of the next test (Note: a weight cast under no_grad): native's no_grad result
-    # is that of a weight copy that requires grad (folded mm), not of a plain copy (bmm).
-    x, w = _transposed_linear()
-    with torch.no_grad():
-        with torch.autocast("cpu", dtype=torch.float16):
-            ref = torch.nn.functional.linear(x, w)
-        assert not differences(ref, torch.nn.functional.linear(x, w.half().requires_grad_()))
-        assert differences(ref, torch.nn.functional.linear(x, w.half()))
+    # The oracle of the next test (Note: a weight cast under no_grad).
+    x, w, folded = _transposed_linear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        ref = torch.nn.functional.linear(x, w)
+    assert not differences(ref, folded)
 
 
 @pytest.mark.xfail(reason=NO_GRAD_CAST, strict=True)
 def test_no_grad_linear_on_a_transposed_input_matches_native():
     # LeViT's eval difference reduced.
-    x, w = _transposed_linear()
-    with torch.no_grad():
-        with torch.autocast("cpu", dtype=torch.float16):
-            ref = torch.nn.functional.linear(x, w)
-        with HpuAutocastMode(torch.float16, policy="torch-cpu"):
-            out = torch.nn.functional.linear(x, w)
-    assert not differences(out, ref), "ours took the bmm path, native the folded mm"
+    x, w, folded = _transposed_linear()
+    with torch.no_grad(), HpuAutocastMode(torch.float16, policy="torch-cpu"):
+        out = torch.nn.functional.linear(x, w)
+    assert not differences(out, folded), "ours took the bmm path, native the folded mm"
 
 
 @needs_transformers
