@@ -176,20 +176,6 @@ def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool) -> Tuple[Tu
 _warned_unnamed: set = set()
 
 
-def _unnamed_registrations(key: str, table: Iterable[OpOverload], banned: Iterable[OpOverload] = ()) -> List[OpOverload]:
-    """The aten overloads the installed torch registers for the dispatch key ``key`` (such as
-    ``"AutocastCPU"``) that are neither in ``table`` nor in ``banned``, sorted by name."""
-    known = set(table) | set(banned)
-    out = []
-    for qualified in torch._C._dispatch_get_registrations_for_dispatch_key(key):
-        if not qualified.startswith("aten::"):
-            continue
-        op = _ops.overload_named(qualified)
-        if op is not None and op not in known:
-            out.append(op)
-    return sorted(out, key=str)
-
-
 def _warn_unnamed(policy_name: str, key: str, ops: List[OpOverload]) -> None:
     """One warning for the overloads ``key`` registers that the policy does not name (Note: a
     native registration the lists do not name), once per policy name and overload."""
@@ -197,12 +183,13 @@ def _warn_unnamed(policy_name: str, key: str, ops: List[OpOverload]) -> None:
     if not new:
         return
     _warned_unnamed.update((policy_name, op) for op in new)
-    names = ", ".join(map(str, new))
-    it = "them" if len(new) > 1 else "it"
-    warnings.warn(f"torch {torch.__version__} registers for {key} {len(new)} overload{'s' if len(new) > 1 else ''} "
+    names = ", ".join(map(str, new[:8])) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
+    many = len(new) > 1
+    it, they = ("them", "they") if many else ("it", "it")
+    warnings.warn(f"torch {torch.__version__} registers for {key} {len(new)} overload{'s' if many else ''} "
                   f"that policy {policy_name!r} does not name, {names}: native autocast casts {it}, this policy "
-                  f"leaves {it} alone, so results can differ from native autocast's where {it} run"
-                  f"{'' if len(new) > 1 else 's'}", UserWarning, stacklevel=3)
+                  f"leaves {it} alone, so results can differ from native autocast's where {they} "
+                  f"run{'' if many else 's'}", UserWarning, stacklevel=3)
 
 
 # --- overloads to a table -----------------------------------------------------------------------
@@ -273,7 +260,8 @@ def build_policy(
     banned = dict(banned or {})
     ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned, "banned"), _Rules(), _Skipped(), "banned").items()}
     if registered is not None:
-        _warn_unnamed(name, registered, _unnamed_registrations(registered, table, ban))
+        unnamed = [op for op in _ops.registered_for(registered) if op not in table and op not in ban]
+        _warn_unnamed(name, registered, unnamed)
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
                   missing=tuple(dict.fromkeys(skipped.missing)), unlisted=unlisted, inplace=inplace,
                   promoted=frozenset(pro), device_type=device_type, c_names_only=c_names_only,

@@ -130,7 +130,8 @@ def _on_fake_cuda(mode: FakeTensorMode, tree):
 
 
 def _signature(result) -> list:
-    return [(type(t).__name__, getattr(t, "dtype", None), tuple(getattr(t, "shape", ()))) for t in tree_flatten(result)[0]]
+    return [(type(t).__name__, getattr(t, "dtype", None), tuple(getattr(t, "shape", ())))
+            for t in tree_flatten(result)[0]]
 
 
 def _run(fn, args, kwargs):
