@@ -4,7 +4,7 @@ in-place and ``out=`` forms, and which arguments an op writes."""
 from __future__ import annotations
 
 import functools
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
@@ -186,3 +186,12 @@ def has_kernel(op: OpOverload, key: str) -> bool:
     except RuntimeError:
         return False
 
+
+
+def registered_for(key: str, namespace: str = "aten") -> List[OpOverload]:
+    """The overloads of ``namespace`` with a kernel registered for dispatch key ``key`` (such as
+    ``"AutocastCPU"``), from the dispatcher's own list, sorted by name."""
+    prefix = namespace + "::"
+    ops = (overload_named(q) for q in torch._C._dispatch_get_registrations_for_dispatch_key(key)
+           if q.startswith(prefix))
+    return sorted((op for op in ops if op is not None), key=str)
