@@ -106,20 +106,16 @@ def test_library_runs(library):
 
 # [Note: a weight cast under no_grad]
 # Native autocast casts a weight (a float32 leaf that requires grad, the copies it caches) with
-# grad mode on, also under no_grad (torch 2.13 and 2.14 alike), so the copy requires grad; a
-# region casts it under no_grad, and its copy does not. Composites read that flag: matmul folds a
-# non-contiguous 3-D input into one mm when the weight requires grad, and runs bmm otherwise.
-# In float16 the two kernels round differently (LeViT's attention projections, eval); in
-# bfloat16 they agree here. test_no_grad_linear_on_a_transposed_input_matches_native is the
-# mechanism reduced. The engine's cast cache is where it would be fixed (its Note: the cast cache).
-NO_GRAD_CAST = "a weight cast under no_grad does not require grad, as native's does (Note: a weight cast under no_grad)"
+# grad mode on, also under no_grad (torch 2.13 and 2.14 alike), so the copy requires grad.
+# Composites read that flag: matmul folds a non-contiguous 3-D input into one mm when the weight
+# requires grad, and runs bmm otherwise, and in float16 the two kernels round differently
+# (LeViT's attention projections, eval). The engine's cast cache makes its copies the same way
+# (_cast_cache's Note), so LeViT matches; test_no_grad_linear_on_a_transposed_input_matches_native
+# is the mechanism reduced.
 
 
 def _eval_params() -> list:
-    # Not strict: where mm and bmm agree (another CPU, another torch) LeViT matches.
-    return [pytest.param(name, dtype, id=f"{name}-{dtype}", marks=pytest.mark.xfail(reason=NO_GRAD_CAST)
-                         if (name, dtype) == ("timm_levit_128s", torch.float16) else ())
-            for name in ARCHS for dtype in DTYPES]
+    return [pytest.param(name, dtype, id=f"{name}-{dtype}") for name in ARCHS for dtype in DTYPES]
 
 
 @pytest.mark.parametrize("name, dtype", _eval_params())
@@ -159,9 +155,8 @@ def test_native_casts_a_weight_as_one_that_requires_grad_under_no_grad():
     assert not differences(ref, folded)
 
 
-@pytest.mark.xfail(reason=NO_GRAD_CAST, strict=True)
 def test_no_grad_linear_on_a_transposed_input_matches_native():
-    # LeViT's eval difference reduced.
+    # LeViT's eval difference reduced (an xfail before the cast cache became native's).
     x, w, folded = _transposed_linear()
     with torch.no_grad(), HpuAutocastMode(torch.float16, policy="torch-cpu"):
         out = torch.nn.functional.linear(x, w)
