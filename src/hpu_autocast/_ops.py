@@ -192,6 +192,6 @@ def registered_for(key: str, namespace: str = "aten") -> List[OpOverload]:
     """The overloads of ``namespace`` with a kernel registered for dispatch key ``key`` (such as
     ``"AutocastCPU"``), from the dispatcher's own list, sorted by name."""
     prefix = namespace + "::"
-    ops = (overload_named(q) for q in torch._C._dispatch_get_registrations_for_dispatch_key(key)
+    ops = (overload_named(q) for q in _torch.registrations_for(key)
            if q.startswith(prefix))
     return sorted((op for op in ops if op is not None), key=str)
