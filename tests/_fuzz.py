@@ -19,10 +19,11 @@ therefore exactly what ran, and a shrunk example pastes into a script as it is (
 ``setup_source()``).
 
 [Note: operands by position in the live pool]
-A step names its operands by integers taken modulo the number of live tensors (an op that raised
-adds none), so every drawn program is runnable and hypothesis shrinks operands towards the
-first tensor, ``w0``. The pool grows the same way in both runs until they differ, which is the
-first difference reported.
+A step names its operands by integers: 0 to 5 are the six starting tensors, -1 to -3 the three
+latest results (an op that raised adds none; before there are any, the starting tensors from the
+last). So every drawn program is runnable, results feed later steps, and hypothesis shrinks
+operands towards the first tensor, ``w0``. The pool grows the same way in both runs until they
+differ, which is the first difference reported.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ _DTYPE_NAMES = {torch.bfloat16: "torch.bfloat16", torch.float16: "torch.float16"
 # Excluded: ops whose CPU kernels are not deterministic run to run (none of these are: 4x4 GEMMs
 # and convolutions run single-threaded through oneDNN/MKL, the same code path each time) and
 # random ops (dropout, which would need the RNG state copied between the runs).
-OPS: Dict[str, str] = {
-    # lower (GEMMs, convolutions, attention)
+LOWER_OPS: Dict[str, str] = {
+    # lower (GEMMs, convolutions, attention): what the cast cache serves
     "mm": "torch.mm(a, b)",
     "mm_slices": "torch.mm(a[:, :2], b[:2])",
     "mm_t": "torch.mm(a.t(), b)",
@@ -73,6 +74,10 @@ OPS: Dict[str, str] = {
     "vecdot": "torch.linalg.vecdot(a, b).expand(4, 4)",
     "lin": "lin(a)",
     "conv": "conv(a[None])[0]",
+}
+
+OPS: Dict[str, str] = {
+    **LOWER_OPS,
     # fp32 (losses, reductions)
     "mse": "F.mse_loss(a, b, reduction='none')",
     "mse_mean": "F.mse_loss(a, b).expand(4, 4)",
@@ -365,14 +370,65 @@ def _show(x: Any) -> str:
 
 def first_difference(native: List[Record], ours: List[Record]) -> Optional[str]:
     """Where two traces first differ, said in full; None if they are equal bit for bit."""
+    found = _first(native, ours)
+    return found[1] if found else None
+
+
+def _first(native: List[Record], ours: List[Record]) -> Optional[Tuple[str, str]]:
+    """(what kind of difference, where and what) of the first difference, or None."""
     for i, (n, o) in enumerate(zip(native, ours)):
         if n.where != o.where:
-            return f"record {i}: native ran {n.where!r}, ours {o.where!r}"
+            return "order", f"record {i}: native ran {n.where!r}, ours {o.where!r}"
         if not same(n.what, o.what):
-            return f"record {i}, {n.where}:\n  native: {_show(n.what)}\n  ours:   {_show(o.what)}"
+            return _kind(n.what, o.what), f"record {i}, {n.where}:\n  native: {_show(n.what)}\n  ours:   {_show(o.what)}"
     if len(native) != len(ours):
-        return f"native left {len(native)} records, ours {len(ours)}"
+        return "length", f"native left {len(native)} records, ours {len(ours)}"
     return None
+
+
+def _kind(native: Any, ours: Any) -> str:
+    if isinstance(native, Seen) and isinstance(ours, Seen):
+        fields = [f.name for f in dataclasses.fields(Seen) if f.compare and getattr(native, f.name) != getattr(ours, f.name)]
+        return "tensor " + (",".join(fields) or "bits")
+    if isinstance(native, tuple) and isinstance(ours, tuple) and len(native) == len(ours):
+        return "guards " + ",".join(n[0] for n, o in zip(native, ours) if not same(n, o))
+    return f"{type(native).__name__} vs {type(ours).__name__}"
+
+
+def difference(program: "Program") -> Optional[Tuple[str, str, "Run"]]:
+    """Run ``program`` both ways: (kind, description, our run) of the first difference, or None."""
+    native, ours = run_both(program)
+    found = _first(native.trace, ours.trace)
+    return (*found, ours) if found else None
+
+
+def _variants(steps: tuple):
+    """``steps`` with one step dropped, or one block replaced by its body, or one block's body
+    so changed: the candidates of one minimisation round."""
+    for i, step in enumerate(steps):
+        yield steps[:i] + steps[i + 1:]
+        if isinstance(step, Block):
+            yield steps[:i] + step.body + steps[i + 1:]
+            for body in _variants(step.body):
+                if body:
+                    yield steps[:i] + (dataclasses.replace(step, body=body),) + steps[i + 1:]
+
+
+def minimise(program: "Program", kind: str) -> "Program":
+    """The smallest program reached by dropping steps and unwrapping blocks one at a time
+    while its first difference stays of ``kind`` (hypothesis's shrinker leaves steps whose
+    deletion renames the pool behind; this pass does not care)."""
+    changed = True
+    while changed:
+        changed = False
+        candidates = [dataclasses.replace(program, after=v) for v in _variants(program.after)]
+        candidates += [dataclasses.replace(program, body=v) for v in _variants(program.body)]
+        for candidate in candidates:
+            found = difference(candidate)
+            if found and found[0] == kind:
+                program, changed = candidate, True
+                break
+    return program
 
 
 # --- the interpreter -----------------------------------------------------------------------------
@@ -430,7 +486,7 @@ class Run:
         bound, text = {}, template
         for letter, k in zip("abc", args):
             if letter in _operands(template):
-                name, t = pool[k % len(pool)]
+                name, t = pool[k]
                 bound[letter] = t
                 text = re.sub(rf"\b{letter}\b", name, text)
         return text, bound
@@ -526,20 +582,46 @@ def _code(source: str, mode: str):
 KINDS = ("no_grad", "autocast", "disable_casts", "inference_mode", "thread", "region", "mode_off", "enable_grad")
 
 
-def _params(kind: str):
+#: Each block kind's parameters: (name, the values it takes, simplest first).
+PARAMS: Dict[str, Tuple[Tuple[str, tuple], ...]] = {
+    "autocast": (("dtype", (None, *DTYPES)), ("enabled", (True, False)), ("cache", (True, False))),
+    "region": (("dtype", DTYPES), ("cache", (True, False))),
+    "thread": (("copy", (False, True)),),
+}
+
+
+def _raw_steps(depth: int, min_size: int, max_size: int):
+    """Steps as plain integers, resolved against a program's swarm by ``_resolve``: ``(0, which,
+    name, a, b, c)`` is an op (which 0 or 1) or an event (2); ``(1, kind, p0, p1, p2, body)`` a
+    block. Made of a few fixed strategies, so drawing a program builds none (building and
+    validating strategies per draw cost more than running the program)."""
     from hypothesis import strategies as st
 
-    def param(name, values):
-        return st.tuples(st.just(name), values)
+    small = st.integers(0, 7)
+    simple = st.tuples(st.just(0), st.integers(0, 2), small, small, small, small)
+    if depth == 0:
+        step = simple
+    else:
+        flag = st.integers(0, 2)
+        block = st.tuples(st.just(1), small, flag, flag, flag, _raw_steps(depth - 1, 1, 4))
+        step = st.one_of(simple, simple, block)
+    return st.lists(step, min_size=min_size, max_size=max_size)
 
-    if kind == "autocast":
-        return st.tuples(param("dtype", st.sampled_from([None, *DTYPES])), param("enabled", st.booleans()),
-                         param("cache", st.booleans()))
-    if kind == "region":
-        return st.tuples(param("dtype", st.sampled_from(DTYPES)), param("cache", st.booleans()))
-    if kind == "thread":
-        return st.tuples(param("copy", st.booleans()))
-    return st.just(())
+
+def _resolve(raw, swarm) -> tuple:
+    operands, ops, events, kinds = swarm
+    steps = []
+    for tag, x, y, *rest in raw:
+        if tag == 0 or not kinds:
+            if tag == 1:  # a block drawn where no kind is allowed: an op instead
+                x, y, rest = 0, x, [y, *rest[:2]]
+            names, cls = (ops, Op) if x < 2 or not events else (events, Event)
+            steps.append(cls(names[y % len(names)], tuple(operands[i % len(operands)] for i in rest[:3])))
+        else:
+            kind = kinds[x % len(kinds)]
+            params = tuple((name, values[p % len(values)]) for (name, values), p in zip(PARAMS.get(kind, ()), (y, *rest[:2])))
+            steps.append(Block(kind, params, _resolve(rest[2], swarm)))
+    return tuple(steps)
 
 
 def programs(exclude=(), depth: int = 2, max_steps: int = 10):
@@ -547,37 +629,32 @@ def programs(exclude=(), depth: int = 2, max_steps: int = 10):
     ``depth`` deep, up to 4 steps after it. ``exclude`` names ops, events or block kinds to
     leave out (for hunting differences other than known ones).
 
-    [Note: swarm testing] Each program draws the few ops, events and block kinds it may use
-    (up to 5, 3 and 3), then its steps from those: a bug that needs a cast, a write and the same
-    cast again is then met in a few dozen programs, not a few thousand, and a shrunk program
-    uses only what its failure needs."""
+    [Note: swarm testing] Each program draws the few operand positions, ops, events and block
+    kinds it may use (up to 3; 1 or 2 ops of torch's lower list and up to 3 others; 1 to 3
+    events; up to 3 block kinds), then its steps from those: a bug that needs a cast of a
+    tensor, a write to that tensor and the same cast again is then met in a few dozen programs,
+    not a few thousand, and a shrunk program uses only what its failure needs."""
     from hypothesis import strategies as st
 
-    all_ops = [n for n in OPS if n not in exclude]
-    all_events = [n for n in EVENTS if n not in exclude]
-    all_kinds = [k for k in KINDS if k not in exclude]
-    operand = st.integers(0, 15)
-    args = st.tuples(operand, operand, operand)
+    lower = tuple(n for n in OPS if n in LOWER_OPS and n not in exclude)
+    others = tuple(n for n in OPS if n not in LOWER_OPS and n not in exclude)
+    all_events = tuple(n for n in EVENTS if n not in exclude)
+    all_kinds = tuple(k for k in KINDS if k not in exclude)
+    operands = st.lists(st.integers(-3, len(LEAVES) - 1), min_size=1, max_size=3, unique=True)
+    swarm = st.tuples(
+        operands,
+        st.lists(st.sampled_from(lower), min_size=1, max_size=2, unique=True) if lower else st.just([]),
+        st.lists(st.sampled_from(others), min_size=0 if lower else 1, max_size=3, unique=True) if others else st.just([]),
+        st.lists(st.sampled_from(all_events), min_size=1, max_size=3, unique=True) if all_events else st.just([]),
+        st.lists(st.sampled_from(all_kinds), max_size=3, unique=True) if all_kinds else st.just([]))
+    body, after = _raw_steps(depth, 0, max_steps), _raw_steps(depth - 1, 0, 4)
 
     @st.composite
     def program(draw):
-        op_names = draw(st.lists(st.sampled_from(all_ops), min_size=1, max_size=5, unique=True))
-        event_names = draw(st.lists(st.sampled_from(all_events), max_size=3, unique=True))
-        kinds = draw(st.lists(st.sampled_from(all_kinds), max_size=3, unique=True)) if all_kinds else []
-        simple = [st.builds(Op, st.sampled_from(op_names), args)] * 2
-        if event_names:
-            simple.append(st.builds(Event, st.sampled_from(event_names), args))
-
-        def steps(depth: int, min_size: int, max_size: int):
-            choices = list(simple)
-            if depth and kinds:
-                inner = steps(depth - 1, 1, 4)
-                choices.append(st.one_of([st.builds(Block, st.just(k), _params(k), inner) for k in kinds]))
-            return st.lists(st.one_of(choices), min_size=min_size, max_size=max_size).map(tuple)
-
-        return draw(st.builds(Program, seed=st.integers(0, 255), dtype=st.sampled_from(DTYPES),
-                              cache=st.booleans(), body=steps(depth, 0, max_steps),
-                              after=steps(depth - 1, 0, 4)))
+        operands, lower_ops, other_ops, events, kinds = draw(swarm)
+        chosen = (operands, lower_ops + other_ops, events, kinds)
+        return Program(draw(st.integers(0, 255)), draw(st.sampled_from(DTYPES)), draw(st.booleans()),
+                       _resolve(draw(body), chosen), _resolve(draw(after), chosen))
 
     return program()
 

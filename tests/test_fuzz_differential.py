@@ -13,7 +13,7 @@ import os
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-from _fuzz import describe, first_difference, programs as fuzz_programs, run_both
+from _fuzz import describe, difference, minimise, programs as fuzz_programs
 
 EXAMPLES = int(os.environ.get("HPU_AUTOCAST_FUZZ_EXAMPLES", "60"))
 # No explain phase: it reruns a failing program a thousand times to annotate it (70 s here).
@@ -24,9 +24,22 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
 programs = fuzz_programs()
 
 
+def _final() -> bool:
+    """Whether hypothesis is replaying the example it reports (minimising only then)."""
+    from hypothesis.control import current_build_context
+    return getattr(current_build_context(), "is_final", True)
+
+
 @FUZZ
 @given(program=programs)
 def test_a_torch_cpu_region_runs_programs_as_native_autocast_does(program):
-    native, ours = run_both(program)
-    diff = first_difference(native.trace, ours.trace)
-    assert diff is None, f"{diff}\n\nthe program, as it ran under the package:\n{describe(program, ours)}"
+    found = difference(program)
+    if found is None:
+        return
+    kind, diff, ours = found
+    message = f"{diff}\n\nthe program, as it ran under the package:\n{describe(program, ours)}"
+    if _final():
+        smaller = minimise(program, kind)
+        kind, diff, ours = difference(smaller)
+        message += f"\n\nminimised ({kind}): {diff}\n{describe(smaller, ours)}"
+    raise AssertionError(message)
