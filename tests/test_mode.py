@@ -359,30 +359,39 @@ def test_observer_runs_with_the_policy_off_and_may_raise():
     assert not is_enabled()
 
 
-def test_a_leaf_no_gradient_flows_to_is_cast_once_while_unchanged():
-    # An input, a mask, a frozen weight: the same copy serves every use in the region until the
-    # tensor changes in place (its version counter moves).
+def test_only_weights_are_cached_as_native_caches_them():
+    # Native autocast caches the casts of float32 leaves that require grad (weights), nothing
+    # else: an input or a mask is cast at each use, since its values can change behind any
+    # version counter (.data, NumPy writes).
     events = []
     m = torch.randn(3, 3)
+    w = torch.randn(3, 3, requires_grad=True)
     with HpuAutocastMode(torch.bfloat16, policy="torch-cpu", observer=events.append):
-        a, b = torch.mm(m, m), torch.mm(m, m)
-        m.add_(1)
-        c = torch.mm(m, m)
+        torch.mm(m, w), torch.mm(m, w)
     cached = [[cast.cached for cast in e.casts] for e in events if e.name == "aten.mm.default"]
-    assert cached == [[False, True], [True, True], [False, True]]
-    assert torch.equal(c, torch.mm(m.bfloat16(), m.bfloat16()))
-    assert torch.equal(a, b)
+    assert cached == [[False, False], [False, True]]   # m cast twice; w once, then served
 
 
-def test_a_weight_copy_made_under_no_grad_is_not_served_to_a_use_with_grad():
-    lin = nn.Linear(4, 4)
-    x = torch.randn(2, 4)
+def test_a_weight_copy_made_under_no_grad_serves_a_use_with_grad_as_native():
+    # Native makes a cached copy with grad enabled, also under no_grad (pytorch#158232): the
+    # copy carries its ToCopyBackward, so a later use with grad shares it and the weight gets
+    # its gradient.
+    def run(ctx):
+        torch.manual_seed(0)
+        lin = nn.Linear(4, 4)
+        x = torch.randn(2, 4)
+        with ctx:
+            with torch.no_grad():
+                lin(x)
+            y = lin(x)
+            z = lin(x)
+        (y.float().sum() + z.float().sum()).backward()
+        return y, z, lin.weight.grad
+
     events = []
-    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu", observer=events.append):
-        with torch.no_grad():
-            lin(x)
-            lin(x)             # served from the no_grad copy
-        lin(x).float().sum().backward()  # needs a copy with ToCopyBackward: a new cast
+    ours = run(HpuAutocastMode(torch.bfloat16, policy="torch-cpu", observer=events.append))
+    native = run(torch.autocast("cpu", dtype=torch.bfloat16))
+    for o, n in zip(ours, native):
+        assert torch.equal(o, n) and o.dtype == n.dtype
     weight = [[c.cached for c in e.casts if c.arg == "weight"] for e in events if e.name == "aten.linear.default"]
-    assert weight == [[False], [True], [False]]
-    assert lin.weight.grad is not None
+    assert weight == [[False], [True], [True]]

@@ -92,10 +92,10 @@ def test_casts_match_the_casts_that_ran(cache_enabled):
         torch.add(a, b)     # promote: the bf16 one is cast to f32
     r = rec.report()
     assert (r.casts, r.cast_bytes) == (oracle.casts, oracle.bytes)
-    # Two forwards: x (a leaf no gradient flows to) and the weight and bias once each with the
-    # cache, twice without; the logits (not a leaf) twice; mm: the one tensor once with the cache,
-    # twice without; add: 1.
-    assert r.casts == (1 + 2 + 2 + 1 + 1 if cache_enabled else 2 + 4 + 2 + 2 + 1)
+    # Two forwards: x (no gradient flows to it: never cached, as native) twice; the weight and
+    # bias once each with the cache, twice without; the logits (not a leaf) twice; mm: the one
+    # tensor twice (not a weight); add: 1.
+    assert r.casts == (2 + 2 + 2 + 2 + 1 if cache_enabled else 2 + 4 + 2 + 2 + 1)
 
 
 def test_flop_share_against_hand_count():

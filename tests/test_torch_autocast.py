@@ -355,12 +355,13 @@ print(before.dtype, after.dtype, torch.equal(before, after))
 
 
 def test_an_hpu_region_casts_the_same_after_a_torch_cpu_region():
-    # MultiheadAttention's fast path (_native_multi_head_attention, on torch's lists only) under
-    # hpu: its insides are cast (bfloat16) in a fresh process, and were float32 once a torch-cpu
-    # region had registered a kernel for it. A fresh process: this one has run torch-cpu already.
+    # MultiheadAttention's fast path (_native_multi_head_attention) under hpu: once its insides
+    # were cast in a fresh process and not after a torch-cpu region had registered a kernel for
+    # it. Now hpu runs the fused op whole, promoted (Note [fused fast paths] in _ops), before and
+    # after alike. A fresh process: this one has run torch-cpu already.
     out = subprocess.run([sys.executable, "-c", _MHA_AFTER_TORCH_CPU], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
-    assert out.split() == ["torch.bfloat16", "torch.bfloat16", "True"]
+    assert out.split() == ["torch.float32", "torch.float32", "True"]
 
 
 def test_a_custom_op_on_a_policy_list_follows_the_list(lib):

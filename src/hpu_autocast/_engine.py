@@ -57,6 +57,11 @@ _ON_DEVICE = {"cpu": attrgetter("is_cpu"), "cuda": attrgetter("is_cuda"), "meta"
 _set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
 _is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+_inference_mode = torch.is_inference_mode_enabled
+_cache_on = torch._C.is_autocast_cache_enabled
+_set_cache_on = torch._C.set_autocast_cache_enabled
+_thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
 
 
 class Region:
@@ -64,10 +69,11 @@ class Region:
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "on_device", "enabled", "cache_enabled",
                  "observer", "observes", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
-                 "eager")
+                 "eager", "every_device")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
-                 enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None) -> None:
+                 enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None,
+                 every_device: bool = False) -> None:
         self.compiled = compiled
         self.rules = compiled.by_id if enabled and compiled is not None else _EMPTY
         self.dtype = dtype
@@ -84,8 +90,11 @@ class Region:
         self.closed = False
         self.switch: Optional[_dispatch.ThreadSwitch] = None
         self.thread = 0
-        #: Whether torch's own autocast for ``device_type`` was on at the entry (it is suspended).
-        self.native_was_on = False
+        #: Whether a disabled region turns torch's own autocast off on every device (``disable_casts``),
+        #: not only on ``device_type``.
+        self.every_device = every_device
+        #: The device types whose torch autocast was on at the entry (it is suspended meanwhile).
+        self.native_was_on: Tuple[str, ...] = ()
         #: Whether this region holds compiled code to eager (it observes; see _compile_guard).
         self.eager = False
 
@@ -176,6 +185,10 @@ def innermost() -> Optional[Frame]:
     frame = _get_frame()
     if frame is None:
         return _inherited()
+    if frame.region.thread != threading.get_ident():
+        # A context copied into another thread (asyncio.to_thread, contextvars' run): the region's
+        # keys are on in its own thread only, so it does not cast here, and its guards say so.
+        return _inherited()
     return _open(frame) if frame.region.closed else frame
 
 
@@ -254,18 +267,51 @@ def enter(region: Region) -> None:
     switch.sync(k)
     if region.observer is not None:
         region.eager = _compile_guard.observing_opened()
-    if compiled is not None and region.device_type != "meta":  # torch.autocast has no meta device
-        region.native_was_on = _native_is_enabled(region.device_type)
-        if region.native_was_on:
-            _native_set_enabled(region.device_type, False)
+    if switch.ops == 1:
+        _thread.cache_was = _cache_on()  # the first region open in this thread: torch's flag before
+    if compiled is not None:
+        # As torch.autocast's entry: torch's cache flag says what this region caches (the kernels
+        # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).
+        _set_cache_on(region.cache_enabled)
+    # A region owns autocast for its device: torch's own is suspended there, so the innermost
+    # decides (a disabled one, disable_casts(), turns it off as torch.autocast(enabled=False)).
+    if region.every_device and not region.enabled:
+        region.native_was_on = _suspend(_native_devices(k))
+    elif region.device_type != "meta" and _native_is_enabled(region.device_type):  # no meta autocast
+        region.native_was_on = _suspend((region.device_type,))
     _set_frame(Frame(region, parent, region.enabled, region.dtype))
 
 
+def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
+    """Turn torch's autocast off on ``devices`` where it is on; returns those (to turn back on)."""
+    on = tuple(d for d in devices if _native_is_enabled(d))
+    for d in on:
+        _native_set_enabled(d, False)
+    return on
+
+
+#: The device types torch.autocast casts for natively (``meta`` has none).
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia")
+
+
+def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
+    """Devices whose torch autocast a ``disable_casts()`` turns off: all but those whose autocast
+    keys this package borrowed (their state is the engine's own)."""
+    return tuple(d for d in _AUTOCAST_DEVICES if d not in (k.ops_device, k.all_device))
+
+
 def exit(region: Region) -> None:
-    """Close ``region``. Out of order or from another context, it is closed all the same (frames
-    of closed regions are skipped); from another thread, it is closed and ``RuntimeError`` says so."""
+    """Close ``region``. Out of order or from another context of its thread, it is closed all the
+    same (frames of closed regions are skipped). From another thread, ``RuntimeError`` refuses
+    it and nothing changes: a thread's dispatch keys are its own and only it can switch them off."""
     if region.closed:
         raise RuntimeError("this region was already exited")
+    here = threading.get_ident()
+    if region.thread != here:
+        raise RuntimeError(
+            f"hpu_autocast: a region entered in thread {region.thread} was exited from another thread "
+            f"({here}); it stays open there: regions are per thread, like torch.autocast: exit a region "
+            "in the thread that entered it")
     try:
         _close(region)
     finally:
@@ -283,18 +329,20 @@ def _close(region: Region) -> None:
         region.cache.clear()
     if region.eager:
         _compile_guard.observing_closed(True)
-    here = threading.get_ident()
-    if region.thread != here:
-        raise RuntimeError(
-            f"hpu_autocast: a region entered in thread {region.thread} was exited from another thread "
-            f"({here}); it is closed now, but regions are per thread, like torch.autocast: exit a region "
-            "in the thread that entered it")
     switch.sync(_dispatch._keys)
-    if region.native_was_on:
-        _native_set_enabled(region.device_type, True)
+    for d in region.native_was_on:
+        _native_set_enabled(d, True)
     frame = _get_frame()
     if frame is not None and frame.region is region:
         _set_frame(_open(frame.parent))
+    # torch's cache flag follows the innermost region still open (regions may exit out of
+    # order: hmp.reset under a later region), else goes back to what it was before the first.
+    if switch.ops == 0:
+        _set_cache_on(_thread.cache_was)
+    else:
+        inner = innermost()
+        if inner is not None and inner.region.compiled is not None:
+            _set_cache_on(inner.region.cache_enabled)
 
 
 @contextlib.contextmanager
@@ -510,7 +558,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         cast = _CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
         observer = region.observer
         casts = [] if observer is not None else None
-        cache = region.cache if region.cache_enabled else None
+        cache = region.cache if _cache_on() else None
         lower = target is frame.dtype
         protected = rule.protected
         on = eligible = 0
@@ -550,6 +598,8 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         if kwargs and not input_only:
             new_kwargs = dict(kwargs)
             for n, v in kwargs.items():
+                if n in rule.written_names:
+                    continue  # out=: not an input (_into deals with it)
                 if isinstance(v, _Tensor) and v.is_floating_point() and on_device(v):
                     on += 1
                     dt = v.dtype
@@ -565,7 +615,14 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
             return _pass_on(op, args, kwargs, k.ops, k.all)
         if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
-        out = op._op(*(args if new_args is None else new_args), **new_kwargs)
+        if rule.into and target is not None:
+            new_args, new_kwargs, written = _into(rule, args if new_args is None else new_args, new_kwargs, target,
+                                                  on_device)
+            out = op._op(*new_args, **new_kwargs)
+            if written:
+                out = _write_back(written, out)
+        else:
+            out = op._op(*(args if new_args is None else new_args), **new_kwargs)
         if observer is not None:
             if eligible:
                 # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
@@ -587,10 +644,12 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
     consider (``OpRule.plain``), positional arguments, a region that does not observe (so the
     fallback's key needs no switching off). The same decisions, fewer steps: the cost of a cast
     op is this function."""
-    target = frame.dtype if rule.action is _LOWER else _FLOAT32
+    lower = rule.action is _LOWER
+    target = frame.dtype if lower else _FLOAT32
+    cast = _CAST[target]
     region = frame.region
     on_device = region.on_device
-    cache = region.cache if region.cache_enabled else None
+    cache = region.cache if _cache_on() else None
     new_args = list(args)
     on = False
     i = 0
@@ -600,12 +659,10 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
             if dt.is_floating_point and on_device(a):
                 on = True
                 if dt is not target and dt is not _FLOAT64:
-                    hit = cache.get((id(a), target)) if cache is not None else None
-                    if (hit is not None and hit[0]() is a and (hit[1] is None or hit[1] == a._version)
-                            and (hit[3] or not (a.requires_grad and _grad_enabled()))):
-                        new_args[i] = hit[2]
+                    if cache is not None and a.requires_grad:  # _cast's first test, done here: the hot path
+                        new_args[i] = _cast(a, dt, target, cast, cache, None, "", lower)
                     else:
-                        new_args[i] = _cast(a, dt, target, _CAST[target], cache, None, "", target is frame.dtype)
+                        new_args[i] = cast(a)
         elif type(a) is list or type(a) is tuple:
             return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)  # cat's lists: the long way
         i += 1
@@ -616,6 +673,56 @@ def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_ke
         return call(*new_args)
     finally:
         _set_excluded(ops_key, False)
+
+
+def _into(rule: OpRule, args, kwargs: dict, target: torch.dtype, on_device) -> tuple:
+    """Point the tensors an in-place or ``out=`` overload writes and returns at copies in the
+    dtype it computes in, where theirs differs: ``(args, kwargs, [(tensor, copy), ...])``.
+
+    [Note: named in-place and out= overloads] A policy that names ``addmm_`` or ``mm.out`` asks
+    for the computation in its dtype; the caller's tensor keeps its own. So the op computes
+    into a copy in that dtype (an in-place op's ``self`` is also an input: the copy holds its
+    values), and the result is written back into the caller's tensor, rounded to its dtype: a
+    float32 ``c`` after ``torch.mm(a, b, out=c)`` under a LOWER rule holds
+    ``torch.mm(a.bfloat16(), b.bfloat16()).float()``. A write is never lost to a copy, and the
+    caller gets its own tensor back. Float64 and non-floating outputs are left as they are."""
+    written = []
+    new_args = args
+    for i, a in enumerate(rule.op._schema.arguments):
+        if a.name not in rule.into:
+            continue
+        if a.kwarg_only:
+            t = kwargs.get(a.name)
+        else:
+            t = args[i] if i < len(args) else None
+        if not (isinstance(t, _Tensor) and t.dtype is not target and t.is_floating_point()
+                and t.dtype is not _FLOAT64 and on_device(t)):
+            continue
+        copy = t.to(target)
+        written.append((t, copy))
+        if a.kwarg_only:
+            kwargs = dict(kwargs)
+            kwargs[a.name] = copy
+        else:
+            new_args = list(new_args)
+            new_args[i] = copy
+    return new_args, kwargs, written
+
+
+def _write_back(written: list, out):
+    """Copy each computed ``copy`` into its caller's tensor and return what the op would have
+    returned with the caller's tensors (see ``_into``)."""
+    swap = {}
+    for t, copy in written:
+        if t.shape != copy.shape:
+            t.resize_(copy.shape)  # out= tensors are resized to the result, as the op would
+        t.copy_(copy)
+        swap[id(copy)] = t
+    if isinstance(out, _Tensor):
+        return swap.get(id(out), out)
+    if isinstance(out, (tuple, list)):
+        return type(out)(swap.get(id(o), o) if isinstance(o, _Tensor) else o for o in out)
+    return out
 
 
 def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict):
@@ -651,10 +758,12 @@ _CAST = {torch.bfloat16: _Tensor.bfloat16, torch.float16: _Tensor.half, torch.fl
 def _eligible_dtypes(rule: OpRule, args: tuple, kwargs: dict, on_device, input_only: bool) -> list:
     """The eligible inputs' dtypes in argument order (PROMOTE and FIRST decide from them). An
     argument the op writes counts under FIRST: HPU's iadd keeps the dtype of its ``self``."""
+    # An in-place op's self counts (it is an input too; FIRST takes its dtype), other written
+    # arguments do not (running statistics, out=).
     protected = rule.protected if rule.action is not CastPolicy.FIRST else ()
     dtypes = []
     for i, a in enumerate(args):
-        if i in protected:
+        if i in protected and (i or "self" not in rule.into):
             continue
         if isinstance(a, _Tensor):
             if a.is_floating_point() and a.dtype is not _FLOAT64 and on_device(a):
@@ -665,8 +774,8 @@ def _eligible_dtypes(rule: OpRule, args: tuple, kwargs: dict, on_device, input_o
             dtypes.extend(t.dtype for t in a if isinstance(t, _Tensor) and t.is_floating_point()
                           and t.dtype is not _FLOAT64 and on_device(t))
     if not input_only:
-        dtypes.extend(v.dtype for v in kwargs.values() if isinstance(v, _Tensor) and v.is_floating_point()
-                      and v.dtype is not _FLOAT64 and on_device(v))
+        dtypes.extend(v.dtype for n, v in kwargs.items() if isinstance(v, _Tensor) and v.is_floating_point()
+                      and v.dtype is not _FLOAT64 and on_device(v) and n not in rule.written_names)
     return dtypes
 
 
@@ -674,34 +783,40 @@ def _cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Callable,
           casts: Optional[list], arg: str, lower: bool) -> torch.Tensor:
     """``t`` (eligible, of dtype ``dt``) cast to ``target``, through the cast cache where it applies.
 
-    [Note: the cast cache] Within the outermost region, a leaf tensor cast once is not cast
-    again while it is unchanged (same object, same version counter):
-    * a float32 leaf that requires grad (a weight), cast to the lower dtype, as torch.autocast
-      caches it: its uses share one ``ToCopyBackward``, so their gradients meet in the lower
-      dtype before the cast back, bit for bit as native. As native, the copy serves until the
-      outermost region exits, also after an in-place update (an optimizer step inside the
-      region); a copy made under ``no_grad`` has no ``ToCopyBackward`` and serves only later
-      ``no_grad`` uses (native would hand it to a use with grad enabled too, and the weight
-      would get no gradient);
-    * any leaf no gradient flows to (inputs, masks, frozen weights, the activations of a
-      ``no_grad`` forward), to any dtype: the copy is the same values whoever asks, so a mask
-      that every layer applies, or one input of three projections, is cast once. Its entry goes
-      when the tensor does (a weak reference), so a ``no_grad`` forward keeps no copy of an
-      activation it has freed.
-    A region with ``cache_enabled=False`` (always so on HPU) casts every time."""
-    if cache is not None and t.is_leaf and not t._is_view():
+    [Note: the cast cache] The cache is native autocast's (``cached_cast`` in ATen's
+    ``autocast_mode.cpp``), entry for entry: within the outermost region, a **float32 leaf that
+    requires grad and is not a view** (a weight), cast **to the region's lower dtype**, is cast
+    once and its copy reused, so its uses share one ``ToCopyBackward`` and their gradients meet
+    in the lower dtype before the cast back, bit for bit as native. Under the conditions native
+    asks at every use: torch's autocast cache flag is on (``torch.is_autocast_cache_enabled()``:
+    the region sets it at entry, a nested ``torch.autocast(cache_enabled=False)`` clears it),
+    the weight requires grad now (one frozen with ``requires_grad_(False)`` is cast afresh), and
+    inference mode is off (a copy made there could never join a graph). A copy is made with grad
+    enabled, also under ``no_grad``, so a later use with grad gets the ``ToCopyBackward`` it needs.
+    As native, the copy serves until the outermost region exits, also after an in-place update
+    of the weight (an optimizer step inside the region): a region's weights are its constants.
+    Nothing else is cached (inputs, masks, frozen weights are cast at each use): their values
+    can change behind any version counter (``.data``, NumPy, DLPack), so no entry could be
+    proved fresh. One safe difference from native: entries are keyed by the dtype too, so a
+    nested ``torch.autocast`` of another dtype never receives a copy of the first.
+    ``cache_enabled=False`` (always so on HPU) casts every time."""
+    if (cache is not None and lower and dt is _FLOAT32 and t.requires_grad and t.is_leaf
+            and not t._is_view() and not _inference_mode()):
         key = (id(t), target)
         hit = cache.get(key)
-        grad = t.requires_grad and _grad_enabled()  # this use needs the copy's autograd edge
-        if hit is not None and hit[0]() is t and (hit[1] is None or hit[1] == t._version) and (hit[3] or not grad):
+        if hit is not None and hit[0]() is t:
             if casts is not None:
-                casts.append(Cast(arg, dt, target, hit[2].numel() * target.itemsize, True, t))
-            return hit[2]
-        c = cast(t)
-        if not t.requires_grad:
-            cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), t._version, c, False)
-        elif dt is _FLOAT32 and lower:
-            cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), None, c, grad)
+                casts.append(Cast(arg, dt, target, hit[1].numel() * target.itemsize, True, t))
+            return hit[1]
+        if _grad_enabled():
+            c = cast(t)
+        else:
+            _set_grad_enabled(True)
+            try:
+                c = cast(t)
+            finally:
+                _set_grad_enabled(False)
+        cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), c)
     else:
         c = cast(t)
     if casts is not None:

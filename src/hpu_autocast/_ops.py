@@ -30,6 +30,19 @@ PARAMS_FOLLOW_INPUT = frozenset({"layer_norm", "native_layer_norm", "group_norm"
 MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
 
 
+#: [Note: fused fast paths] The fused kernels PyTorch's modules call on their inference fast
+#: path (``nn.TransformerEncoderLayer``, ``nn.TransformerEncoder``, ``nn.MultiheadAttention``
+#: in eval under no_grad). Their C++ insides call some ATen ops through the dispatcher (which
+#: reach a region's kernels) and others directly (which do not), so a policy that casts some of
+#: the ops inside feeds a bfloat16 activation to a float32 GEMM ("mat1 and mat2 must have the
+#: same dtype"). torch guards these paths with ``torch.is_autocast_enabled()``, which asks about
+#: CUDA alone: on CUDA a region answers it and the modules take their slow path; on CPU they
+#: do not, and native CPU autocast's lists happen to agree with the insides. Policies that are
+#: not native's run each of these ops whole: promoted to its widest floating input, with the
+#: region's kernels kept out of its insides (``_table.CompiledPolicy``).
+FUSED_FAST_PATHS = ("_transformer_encoder_layer_fwd", "_native_multi_head_attention")
+
+
 def overloads(packet: OpOverloadPacket) -> Iterator[OpOverload]:
     """The overloads of ``packet`` that exist in the dispatcher (TorchScript-only ones such as
     ``aten::mul.left_t`` are skipped)."""
@@ -101,6 +114,18 @@ def written_positions(op: OpOverload) -> tuple:
         if (a.alias_info is not None and a.alias_info.is_write) or a.name in unmarked:
             out.append((i, a.name))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def result_positions(op: OpOverload) -> tuple:
+    """The written arguments ``op`` returns (an in-place ``self``, ``out=``): ``((index, name), ...)``.
+    Its other writes (batch norm's running statistics) are side effects."""
+    returned = set()
+    for r in op._schema.returns:
+        if r.alias_info is not None and r.alias_info.is_write:
+            returned |= set(r.alias_info.before_set)
+    return tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write and set(a.alias_info.before_set) & returned)
 
 
 def qualified_name(op: OpOverload) -> str:

@@ -22,7 +22,7 @@ __all__ = ["OpRule", "CompiledPolicy", "compile_policy"]
 class OpRule:
     """How one overload is handled."""
 
-    __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "banned",
+    __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "written_names", "into", "banned",
                  "arg_names", "takes_dtype", "default", "native", "plain")
 
     def __init__(self, op: OpOverload, action: Optional[CastPolicy], input_only: bool = False,
@@ -33,13 +33,20 @@ class OpRule:
         self.input_only = input_only
         # An input-only norm whose kernel off CPU/HPU needs its weight in the input's dtype.
         self.params_follow = input_only and _ops.op_base_name(op) in _ops.PARAMS_FOLLOW_INPUT
-        self.protected = frozenset(i for i, _ in _ops.written_positions(op))
+        written = _ops.written_positions(op)
+        self.protected = frozenset(i for i, _ in written)
+        #: The same by name: a keyword argument (``out=``) is never replaced by a cast copy either.
+        self.written_names = frozenset(name for _, name in written)
+        #: The written arguments the op returns (an in-place ``self``, ``out=``), by name: the op
+        #: computes into copies in its dtype, written back into them (``_engine._write_back``).
+        self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
         #: Whether a call can pass a dtype (then it has no rule: seed 003's explicit ``dtype=``).
         self.takes_dtype = any("ScalarType" in str(getattr(a, "real_type", a.type)) for a in op._schema.arguments)
         #: Which of the policy's defaults for ops on no list made this rule (HMP): ``"unlisted"``
-        #: (functional ops) or ``"in-place"``; ``None`` for a rule of the table.
+        #: (functional ops) or ``"in-place"``; ``"fused"`` for a fused fast path (Note [fused fast
+        #: paths] in _ops); ``None`` for a rule of the table.
         self.default = default
         #: The native autocast key this op is left to (``Policy.native``; its action is then
         #: ``None``): the kernel registered there casts as it was registered to.
@@ -74,6 +81,12 @@ class CompiledPolicy:
         for op, message in banned.items():
             if op not in self.rules:
                 self.rules[op] = OpRule(op, CastPolicy.FP32, False, message)
+        if policy.native is None:  # Note [fused fast paths] (_ops)
+            for name in _ops.FUSED_FAST_PATHS:
+                packet = getattr(torch.ops.aten, name, None)
+                for op in _ops.overloads(packet) if packet is not None else ():
+                    if op not in self.rules:
+                        self.rules[op] = OpRule(op, CastPolicy.PROMOTE, default="fused")
         #: The same rules keyed by ``id(op)``, which hashes in C (the kernels look them up).
         self.by_id: Dict[int, OpRule] = {id(op): rule for op, rule in self.rules.items()}
         #: Whether ops on no list may still have a rule (HMP's ``unlisted``/``inplace``).

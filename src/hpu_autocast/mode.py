@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable, Iterator, Optional, Union
+import threading
+from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
@@ -111,7 +112,9 @@ class HpuAutocastMode:
         self.cache_enabled = False if on_hpu else True if cache_enabled is None else cache_enabled
         self.observer = observer
         self._recorder = None
-        self._region: Optional[_engine.Region] = None
+        #: The open region of each thread that entered this mode (one mode may serve several
+        #: threads at once, as a torch.autocast object does; a thread enters it once at a time).
+        self._regions: Dict[int, _engine.Region] = {}
 
     @property
     def policy_name(self) -> str:
@@ -122,8 +125,9 @@ class HpuAutocastMode:
         return arg if isinstance(arg, str) else getattr(arg, "name", "?")
 
     def __enter__(self) -> "HpuAutocastMode":
-        if self._region is not None:
-            raise RuntimeError("this HpuAutocastMode is already entered; create a new one to nest")
+        thread = threading.get_ident()
+        if thread in self._regions:
+            raise RuntimeError("this HpuAutocastMode is already entered in this thread; create a new one to nest")
         observer = self.observer
         if self.verbose or self.record:
             if self.record:
@@ -131,16 +135,24 @@ class HpuAutocastMode:
             observer = combine_observers(observer, make_log_observer() if self.verbose else None, self._recorder)
         compiled = compile_policy(self.policy) if self.enabled else None
         device = self.device_type or _outer_device()
+        # A disabled region given no device turns all casting off, torch.autocast's too (disable_casts).
         region = _engine.Region(compiled, self.dtype, device, self.enabled, self.cache_enabled,
-                                observer if self.enabled else None)
+                                observer if self.enabled else None, every_device=self.device_type is None)
         _engine.enter(region)
-        self._region = region
+        self._regions[thread] = region
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        region, self._region = self._region, None
+        region = self._regions.pop(threading.get_ident(), None)
         if region is not None:
             _engine.exit(region)
+        elif self._regions:
+            # Refused, and nothing changes: the region stays open in its own thread, which exits
+            # it (a thread's casting state is its own, as torch.autocast's is).
+            raise RuntimeError(
+                f"hpu_autocast: this HpuAutocastMode was entered in thread {', '.join(map(str, self._regions))} "
+                f"and exited from thread {threading.get_ident()}; its region stays open there: exit a region "
+                "in the thread that entered it")
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn`` so each call runs in a fresh region with these settings."""
