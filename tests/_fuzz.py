@@ -151,6 +151,8 @@ EVENTS: Dict[str, str] = {
     "unfreeze": "a.requires_grad_(True)",
     "backward": "a.sum().backward(retain_graph=True)",
     "zero_grad": "a.grad = None",
+    # an optimizer step inside the region (in place, under no_grad; casting off under the package)
+    "sgd_step": "torch.optim.SGD([a], lr=0.5).step()",
     # the guards code written for torch.autocast asks (the deprecated per-device getters
     # are left out: docs/design.md lists them as not faithful, by design)
     "guards": "GUARDS()",
@@ -170,6 +172,11 @@ SPELLINGS: Dict[str, Dict[str, str]] = {
     # a region nested in the region (or opened after it): native's is torch.autocast
     "region": {NATIVE: 'torch.autocast("cpu", dtype={dtype}, cache_enabled={cache})',
                OURS: 'HpuAutocastMode({dtype}, policy="torch-cpu", cache_enabled={cache})'},
+    # the deprecated per-device spelling (torch.autocast underneath), and an opt-out for another
+    # device type, which leaves CPU casting on
+    "cpu_amp": {NATIVE: "torch.cpu.amp.autocast(dtype={dtype}, cache_enabled={cache})",
+                OURS: "torch.cpu.amp.autocast(dtype={dtype}, cache_enabled={cache})"},
+    "cuda_off": {NATIVE: 'torch.autocast("cuda", enabled=False)', OURS: 'torch.autocast("cuda", enabled=False)'},
     # a worker thread started in the block and joined at its end; `copy` runs it in a copy of
     # the spawning context (as asyncio.to_thread and contextvars-aware pools do)
     "thread": {NATIVE: "worker_thread(copy_context={copy})", OURS: "worker_thread(copy_context={copy})"},
@@ -258,7 +265,7 @@ def _recompile_limits():
 
 
 #: Blocks that set autocast state; the package's disabled regions among them.
-_OWNERS = ("region", "autocast", "disable_casts", "mode_off")
+_OWNERS = ("region", "autocast", "disable_casts", "mode_off", "cpu_amp")
 _DISABLED = ("disable_casts", "mode_off")
 # docs/design.md, "three cases are not [faithful]": a disabled region owns no autocast state, so
 # get_autocast_dtype there is torch's, where native's disabled torch.autocast reports its dtype.
@@ -591,13 +598,15 @@ def _code(source: str, mode: str):
 
 # --- the strategies ------------------------------------------------------------------------------
 #: Block kinds, simplest first (hypothesis shrinks a choice towards the first).
-KINDS = ("no_grad", "autocast", "disable_casts", "inference_mode", "thread", "region", "mode_off", "enable_grad")
+KINDS = ("no_grad", "autocast", "disable_casts", "inference_mode", "thread", "region", "mode_off", "enable_grad",
+         "cpu_amp", "cuda_off")
 
 
 #: Each block kind's parameters: (name, the values it takes, simplest first).
 PARAMS: Dict[str, Tuple[Tuple[str, tuple], ...]] = {
     "autocast": (("dtype", (None, *DTYPES)), ("enabled", (True, False)), ("cache", (True, False))),
     "region": (("dtype", DTYPES), ("cache", (True, False))),
+    "cpu_amp": (("dtype", (None, *DTYPES)), ("cache", (True, False))),
     "thread": (("copy", (False, True)),),
 }
 
@@ -667,7 +676,7 @@ def programs(exclude=(), depth: int = 2, max_steps: int = 10):
         chosen = (operands, lower_ops + other_ops, events, kinds)
         p = Program(draw(st.integers(0, 255)), draw(st.sampled_from(DTYPES)), draw(st.booleans()),
                     _resolve(draw(body), chosen), _resolve(draw(after), chosen))
-        if _switches_dtype(p.body + p.after, p.dtype):
+        if _switches_dtype(p.body + p.after, p.dtype) or _autocast_in_thread(p.body + p.after):
             p = dataclasses.replace(p, cache=False, body=_no_cache(p.body), after=_no_cache(p.after))
         return p
 
@@ -681,6 +690,17 @@ def programs(exclude=(), depth: int = 2, max_steps: int = 10):
 def _switches_dtype(steps: tuple, dtype: torch.dtype) -> bool:
     return any(isinstance(s, Block) and (dict(s.params).get("dtype") not in (None, dtype)
                                          or _switches_dtype(s.body, dtype)) for s in steps)
+
+
+# Native's cast cache is one for the process, not one per thread: a worker thread's
+# torch.autocast reads the copies the spawning thread's region made (its gradients meet theirs in
+# the lower dtype) and its exit clears them all (ATen's autocast_mode.cpp: a global map under a
+# mutex, a nesting count per thread). The package's cache is its region's, in its thread. A
+# program with autocast blocks inside a worker thread therefore runs with every cache off.
+def _autocast_in_thread(steps: tuple, in_thread: bool = False) -> bool:
+    return any(isinstance(s, Block) and ((in_thread and s.kind in (*_OWNERS, "cuda_off"))
+                                         or _autocast_in_thread(s.body, in_thread or s.kind == "thread"))
+               for s in steps)
 
 
 def _no_cache(steps: tuple) -> tuple:
