@@ -477,6 +477,7 @@ class Run:
             warnings.simplefilter("ignore")
             self._block(region, 0, "", None)
             self._steps(p.after, 0, "after the region", None)
+            self._backward_all()
             for name, t in self.leaves.items():
                 self._record(f"{name}.grad", t.grad)
                 self._record(f"{name} (final)", t)
@@ -486,6 +487,22 @@ class Run:
             for name, t in self.pool[len(self.leaves):]:
                 self._record(f"{name} (final)", t)
         return self
+
+    def _backward_all(self) -> None:
+        """Backward from every result that requires grad, so each program's gradients are
+        compared (a copy saved under inference mode, two uses of one cast)."""
+        names = [name for name, t in self.pool[len(self.leaves):] if t.requires_grad and not t.is_inference()]
+        if not names:
+            return
+        text = f"sum(t.float().sum() for t in [{', '.join(names)}]).backward()"
+        self.lines.append(text)
+        tensors = dict(self.pool)
+        try:
+            sum(tensors[n].float().sum() for n in names).backward()
+        except Exception as e:  # noqa: BLE001
+            self._record(f"after the region: {text}", Raised(type(e)))
+            return
+        self._record(f"after the region: {text}", None)
 
     def _record(self, where: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
@@ -637,7 +654,9 @@ def _resolve(raw, swarm) -> tuple:
             if tag == 1:  # a block drawn where no kind is allowed: an op instead
                 x, y, rest = 0, x, [y, *rest[:2]]
             names, cls = (ops, Op) if x < 2 or not events else (events, Event)
-            steps.append(cls(names[y % len(names)], tuple(operands[i % len(operands)] for i in rest[:3])))
+            # An event may also act on the latest result (backward of what was just computed).
+            pick = operands if cls is Op or -1 in operands else [*operands, -1]
+            steps.append(cls(names[y % len(names)], tuple(pick[i % len(pick)] for i in rest[:3])))
         else:
             kind = kinds[x % len(kinds)]
             params = tuple((name, values[p % len(values)]) for (name, values), p in zip(PARAMS.get(kind, ()), (y, *rest[:2])))
@@ -661,14 +680,17 @@ def programs(exclude=(), depth: int = 2, max_steps: int = 10):
     others = tuple(n for n in OPS if n not in LOWER_OPS and n not in exclude)
     all_events = tuple(n for n in EVENTS if n not in exclude)
     all_kinds = tuple(k for k in KINDS if k not in exclude)
-    operands = st.lists(st.integers(-3, len(LEAVES) - 1), min_size=1, max_size=3, unique=True)
+    # Mostly the weights, the input, the buffer and the latest two results; at times the float64
+    # input, the bfloat16 weight and the third latest result.
+    operands = st.lists(st.one_of(st.integers(-2, 3), st.integers(-3, len(LEAVES) - 1)), min_size=1, max_size=3,
+                        unique=True)
     swarm = st.tuples(
         operands,
         st.lists(st.sampled_from(lower), min_size=1, max_size=2, unique=True) if lower else st.just([]),
         st.lists(st.sampled_from(others), min_size=0 if lower else 1, max_size=3, unique=True) if others else st.just([]),
         st.lists(st.sampled_from(all_events), min_size=1, max_size=3, unique=True) if all_events else st.just([]),
         st.lists(st.sampled_from(all_kinds), max_size=3, unique=True) if all_kinds else st.just([]))
-    body, after = _raw_steps(depth, 0, max_steps), _raw_steps(depth - 1, 0, 4)
+    body, after = _raw_steps(depth, 1, max_steps), _raw_steps(depth - 1, 0, 4)
 
     @st.composite
     def program(draw):
