@@ -730,8 +730,22 @@ def _no_cache(steps: tuple) -> tuple:
                                      body=_no_cache(s.body)) if isinstance(s, Block) else s for s in steps)
 
 
+def _global_state() -> tuple:
+    return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled(),
+            torch._C._is_any_autocast_enabled(), hpu_autocast.is_enabled(), torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled())
+
+
 def run_both(program: Program) -> Tuple[Run, Run]:
-    return Run(program, NATIVE).run(), Run(program, OURS).run()
+    """The program's native run, then ours; each must leave the process's autocast and grad
+    state as it found it (a leak would also change every later comparison)."""
+    before = _global_state()
+    runs = []
+    for side in (NATIVE, OURS):
+        runs.append(Run(program, side).run())
+        after = _global_state()
+        assert after == before, f"the {side} run left {after}, found {before}:\n{describe(program, runs[-1])}"
+    return runs[0], runs[1]
 
 
 def describe(program: Program, ours: Run) -> str:
