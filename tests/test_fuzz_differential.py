@@ -61,3 +61,66 @@ def test_a_torch_cpu_region_runs_programs_as_native_autocast_does(program):
         kind, diff, ours = difference(smaller)
         message += f"\n\nminimised ({kind}): {diff}\n{describe(smaller, ours)}"
     raise AssertionError(message)
+
+
+# --- what it found ---------------------------------------------------------------------------------
+# The shrunk programs the fuzzer reported, replayed. Issue 18's cases each failed on 5cefe0c (the
+# engine before the issue's fixes); the rest failed on main at 455dc92 and have direct tests in
+# test_fuzz_findings.py.
+_BF, _F16 = torch.bfloat16, torch.float16
+
+
+def _autocast(dtype, enabled=True, cache=True):
+    return (("dtype", dtype), ("enabled", enabled), ("cache", cache))
+
+
+_THREAD = (("copy", True),)
+
+FOUND = {
+    # issue 18: the cast cache served a stale copy after a write that bypasses the version counter
+    "stale copy after a NumPy write": Program(234, _BF, True, (
+        Op("prelu", (3, 1, 2)), Event("numpy_add", (3, 3, 3)), Op("prelu", (3, 1, 3))), ()),
+    "stale copy after a DLPack write": Program(0, _BF, True, (
+        Op("mm", (4, 3, 0)), Event("dlpack_mul", (3, 0, 0)), Op("mm", (3, 5, 0))), ()),
+    "stale copy after a .data write": Program(33, _F16, True, (
+        Op("vecdot", (1, 1, 1)), Event("data_mul", (1, 1, 1)),
+        Block("inference_mode", (), (Op("matmul", (1, 1, 1)),))), ()),
+    # issue 18: a weight frozen between two uses still gave a result requiring grad
+    "a weight frozen between two uses": Program(32, _F16, True, (
+        Op("vecdot", (0, 0, 0)), Event("freeze", (0, -2, -1)), Op("vecdot", (0, 0, -2))), ()),
+    # issue 18: a copy made under inference_mode reused outside it
+    "a copy made under inference_mode": Program(105, _F16, True, (
+        Block("inference_mode", (), (Op("mm", (0, 0, 0)),)), Op("prod", (-2, -2, 0)), Op("prod", (-2, -2, -2))), ()),
+    # issue 18: a nested torch.autocast(cache_enabled=False) still used the region's cache
+    "a nested torch.autocast without the cache": Program(40, _BF, True, (
+        Block("autocast", _autocast(_BF, cache=False), (Op("mm", (1, 1, 1)),)),), ()),
+    # issue 18: torch.is_autocast_cache_enabled() answered True in a cache_enabled=False region
+    "the cache flag of a region without the cache": Program(0, _BF, False, (Event("guards", (0, 0, 0)),), ()),
+    # issue 18: disable_casts() inside torch.autocast("cpu") left native casting on
+    "disable_casts inside torch.autocast": Program(211, _F16, False, (), (
+        Block("autocast", _autocast(_BF, cache=False), (Block("disable_casts", (), (Op("mm", (3, 3, 3)),)),)),)),
+    # issue 18: guards in a worker thread with a copied context
+    "guards in a thread with a copied context": Program(226, _BF, True, (
+        Block("thread", _THREAD, (Event("guards", (-1, 2, -2)),)),), ()),
+    "torch.autocast in a thread with a copied context": Program(0, _F16, False, (
+        Block("thread", _THREAD, (Block("autocast", _autocast(_F16, cache=False), (Op("mm", (2, 2, 2)),)),)),), ()),
+    # beyond issue 18: an op's casts made first to last (native: last to first)
+    "one weight cast for two arguments of one op": Program(7, _BF, False, (Op("mm", (0, 0, 0)),), (Op("mm", (0, 0, 0)),)),
+    "a bfloat16 weight cast for two arguments of one op": Program(26, _F16, True, (
+        Op("matmul", (5, 5, 5)), Op("sdpa", (1, 5, 5))), ()),
+    # beyond issue 18: torch.autocast inside disable_casts()
+    "torch.autocast without a dtype inside disable_casts": Program(211, _F16, False, (
+        Block("mode_off", (), (Block("autocast", _autocast(None, cache=False), (Op("mm", (3, 3, 3)),)),)),), ()),
+    "a weight cast in the region and in torch.autocast inside disable_casts": Program(58, _F16, True, (
+        Op("conv", (3, 3, -1)),
+        Block("disable_casts", (), (Block("autocast", _autocast(_F16), (Op("conv", (-1, -1, 3)),)),))), ()),
+    "a checkpoint in torch.autocast inside disable_casts": Program(76, _F16, True, (
+        Block("mode_off", (), (Block("cpu_amp", (("dtype", _F16), ("cache", True)), (
+            Op("checkpoint_reentrant", (1, 0, 1)),)),)),), ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_a_program_the_fuzzer_found_runs_as_native(name):
+    found = difference(FOUND[name])
+    assert found is None, f"{found[1]}\n\n{describe(FOUND[name], found[2])}"
