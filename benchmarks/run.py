@@ -41,6 +41,9 @@ FIGURES = (
     ("op.cast.native", "cast op (mm 8x8) / native", "op.cast", "ours", "native"),
     ("op.cast.noop", "cast op / no-op dispatch mode", "op.cast", "ours", "disp-mode"),
     ("fwd.mlp", "24-layer tiny MLP forward / native", "fwd.mlp", "ours", "native"),
+    ("loop.linear", "24 Linear(16) fwd, fresh input / native", "loop.linear", "ours", "native"),
+    ("loop.linear-grad", "24 Linear(16) fwd+bwd, fresh input / native", "loop.linear-grad", "ours", "native"),
+    ("loop.mm", "16 mm 8x8 per region, fresh inputs / native", "loop.mm", "ours", "native"),
     ("region.policy", "region enter+exit ({policy}) / native", "region", "ours", "native"),
     ("region.hpu", "region enter+exit (hpu) / native", "region", "ours-hpu", "native"),
     ("op.passthrough.after_hpu", "pass-through op after an hpu region / native", "op.passthrough-after-hpu",
@@ -63,7 +66,8 @@ TARGETS: Dict[str, Dict[str, float]] = {
 #: Timed in this order: the ``hpu`` region registers that preset's kernels (``add`` among them)
 #: for the life of the process, and a compiled step imports Dynamo; neither should reach the
 #: eager workloads before them (docs/performance.md, "Order").
-WORKLOADS = ("op.passthrough", "op.cast", "fwd.mlp", "step.transformer", "step.cnn", "step.mlp",
+WORKLOADS = ("op.passthrough", "op.cast", "fwd.mlp", "loop.linear", "loop.linear-grad", "loop.mm",
+             "step.transformer", "step.cnn", "step.mlp",
              "compiled.transformer", "region", "op.passthrough-after-hpu", "first.region")
 
 
@@ -96,17 +100,20 @@ def settings_for(mode: str, rounds: Optional[int] = None, only: Optional[Sequenc
         if unknown:
             raise ValueError(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(WORKLOADS)}")
     if mode == "full":
-        iters = {"op.passthrough": 2000, "op.cast": 1000, "fwd.mlp": 20, "region": 1000, "step.transformer": 1,
+        iters = {"op.passthrough": 2000, "op.cast": 1000, "fwd.mlp": 20, "loop.linear": 20, "loop.linear-grad": 10,
+                 "loop.mm": 50, "region": 1000, "step.transformer": 1,
                  "step.cnn": 10, "step.mlp": 10, "compiled.transformer": 5, "first.region": 3,
                  "op.passthrough-after-hpu": 2000}
         return Settings(rounds or 15, 1, iters, FULL, mode, keep, {"step.transformer": 7})
     if mode == "quick":
-        iters = {"op.passthrough": 500, "op.cast": 300, "fwd.mlp": 5, "region": 300, "step.transformer": 1,
+        iters = {"op.passthrough": 500, "op.cast": 300, "fwd.mlp": 5, "loop.linear": 5, "loop.linear-grad": 3,
+                 "loop.mm": 15, "region": 300, "step.transformer": 1,
                  "step.cnn": 4, "step.mlp": 5, "compiled.transformer": 2, "first.region": 1,
                  "op.passthrough-after-hpu": 500}
         return Settings(rounds or 7, 1, iters, FULL, mode, keep, {"step.transformer": 3})
     if mode == "smoke":
-        iters = {"op.passthrough": 20, "op.cast": 20, "fwd.mlp": 1, "region": 20, "step.transformer": 1,
+        iters = {"op.passthrough": 20, "op.cast": 20, "fwd.mlp": 1, "loop.linear": 1, "loop.linear-grad": 1,
+                 "loop.mm": 2, "region": 20, "step.transformer": 1,
                  "step.cnn": 1, "step.mlp": 1, "compiled.transformer": 1, "first.region": 1,
                  "op.passthrough-after-hpu": 20}
         return Settings(rounds or 2, 1, iters, SMOKE, mode, keep)
@@ -123,6 +130,9 @@ def _variants(workload: str, backend: Backend, dtype: torch.dtype, settings: Set
         return workloads.mlp_forward_variants(backend, dtype, settings.scale)
     if kind == "region":
         return workloads.region_variants(backend, dtype, settings.scale)
+    if kind == "loop":
+        steps = settings.warmup + settings.rounds_of(workload) * settings.iters[workload]
+        return workloads.fresh_loop_variants(name, backend, dtype, settings.scale, steps)
     return workloads.step_variants(name, backend, dtype, settings.scale)
 
 

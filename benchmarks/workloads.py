@@ -1,6 +1,7 @@
 """What is timed: the devices, the variants (plain, native autocast, the two no-op modes, ours)
-and the workloads (a pass-through op, a cast op, a tiny MLP's forward, a region's entry and exit,
-three training steps, a compiled training step, the first region of a fresh process).
+and the workloads (a pass-through op, a cast op, a tiny MLP's forward, loops on fresh inputs, a
+region's entry and exit, three training steps, a compiled training step, the first region of a
+fresh process).
 
 Nothing here imports ``habana_frameworks`` unless the HPU device is asked for and importable.
 """
@@ -29,7 +30,7 @@ from .harness import Runner
 
 __all__ = ["Backend", "Scale", "FULL", "SMOKE", "NoOpFunctionMode", "NoOpDispatchMode", "backend_for",
            "resolve_device", "op_variants", "passthrough_after_hpu_variants", "mlp_forward_variants",
-           "region_variants", "step_variants", "CompiledStep", "compile_backend", "first_region", "check_dtype",
+           "region_variants", "Fresh", "fresh_loop_variants", "FRESH_VARIANTS", "step_variants", "CompiledStep", "compile_backend", "first_region", "check_dtype",
            "cpu_model", "fast_bf16", "MODELS", "VARIANTS"]
 
 # Interleaving order within a round (rotated each round, see harness.interleave). ``ours-hpu``
@@ -173,12 +174,18 @@ class Scale:
     mlp_width: int = 64
     mlp_depth: int = 24
     mlp_batch: int = 32
+    loop_width: int = 16
+    loop_depth: int = 24
+    loop_batch: int = 4
+    loop_mm: int = 8
+    loop_mm_calls: int = 16
 
 
 FULL = Scale()
 SMOKE = Scale(op_size=8, fwd_width=8, fwd_depth=3, fwd_batch=4, compiled_d_model=16, compiled_nhead=2,
               compiled_layers=1, compiled_seq=8, compiled_batch=2, d_model=16, nhead=2, layers=1, seq=8, batch=2,
-              image=8, mlp_width=8, mlp_depth=3, mlp_batch=4)
+              image=8, mlp_width=8, mlp_depth=3, mlp_batch=4, loop_width=8, loop_depth=3, loop_batch=4, loop_mm=8,
+              loop_mm_calls=4)
 
 
 # -- per-op workloads -----------------------------------------------------------------------
@@ -238,6 +245,86 @@ def region_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[
         return run
 
     return {name: runner(regions[name]) for name in VARIANTS if name in regions}
+
+
+# -- loops on fresh inputs ------------------------------------------------------------------
+#: The loops on fresh inputs time ours and native side by side, with no autocast for scale.
+FRESH_VARIANTS = ("ours", "native", "plain")
+
+
+class Fresh:
+    """Tensors made before the clock starts, each handed out once: what a training loop's data
+    loader gives, a new tensor every step. No input is seen twice, so no cast cache can serve a
+    cast of it: a loop that takes its inputs here pays for every cast, as a real one does. A
+    tensor handed out is dropped from the pool (its memory, and any cache entry of it, go
+    when the step is done with it)."""
+
+    def __init__(self, shape: tuple, count: int, device: torch.device) -> None:
+        self._items: List[Optional[torch.Tensor]] = [torch.randn(*shape, device=device) for _ in range(count)]
+        self._next = 0
+
+    def take(self) -> torch.Tensor:
+        if self._next == len(self._items):
+            raise RuntimeError(f"benchmarks: a pool of {len(self._items)} fresh inputs ran out (sized too small)")
+        t, self._items[self._next] = self._items[self._next], None
+        self._next += 1
+        return t
+
+
+def fresh_loop_variants(name: str, backend: Backend, dtype: torch.dtype, scale: Scale,
+                        steps: int) -> Dict[str, Runner]:
+    """Loops as training runs them, one region per step on inputs never seen before (``Fresh``),
+    so the figure is what each step pays, casts included, with nothing cached from an earlier
+    step or call. ``steps`` is how many iterations each variant will run in all (warm-up
+    included): each gets a pool that large of its own.
+
+    * ``linear``: ``loop_depth`` x ``Linear(loop_width, loop_width)`` (no activation: every op is
+      a cast op), a fresh ``loop_batch`` x ``loop_width`` input per forward, under
+      ``torch.no_grad()``, the region entered per forward;
+    * ``linear-grad``: the same stack, forward in the region and ``backward()`` of the summed
+      output after it, gradients set to ``None``: a training step without the optimizer;
+    * ``mm``: ``loop_mm_calls`` calls of ``torch.mm`` of two fresh ``loop_mm`` x ``loop_mm``
+      matrices per region, no input used twice (the cast op figure's loop, which reuses its two
+      inputs for a thousand calls, made honest)."""
+    regions = _regions(backend, dtype)
+    device = backend.device
+    if name == "mm":
+        n, calls = scale.loop_mm, scale.loop_mm_calls
+
+        def mm_runner(region: Callable[[], ContextManager]) -> Runner:
+            pool = Fresh((n, n), 2 * calls * steps, device)
+
+            def run(iters: int) -> None:
+                for _ in range(iters):
+                    with region():
+                        for _ in range(calls):
+                            torch.mm(pool.take(), pool.take())
+            return run
+
+        return {v: mm_runner(regions[v]) for v in FRESH_VARIANTS}
+    if name not in ("linear", "linear-grad"):
+        raise ValueError(f"unknown fresh-input loop {name!r}; expected linear, linear-grad or mm")
+    w = scale.loop_width
+    model = nn.Sequential(*[nn.Linear(w, w) for _ in range(scale.loop_depth)]).to(device)
+    params = list(model.parameters())
+    grad = name == "linear-grad"
+
+    def linear_runner(region: Callable[[], ContextManager]) -> Runner:
+        pool = Fresh((scale.loop_batch, w), steps, device)
+
+        def run(iters: int) -> None:
+            with torch.set_grad_enabled(grad):
+                for _ in range(iters):
+                    with region():
+                        out = model(pool.take())
+                    if grad:
+                        out.float().sum().backward()
+                        for p in params:
+                            p.grad = None
+                    backend.end_step()
+        return run
+
+    return {v: linear_runner(regions[v]) for v in FRESH_VARIANTS}
 
 
 def passthrough_after_hpu_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[str, Runner]:

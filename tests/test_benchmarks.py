@@ -35,8 +35,10 @@ def test_json_structure(smoke_results):
     # Eager workloads time ours against native and every floor, interleaved; the region adds
     # the hpu preset; the compiled step compares ours with native only.
     for workload, variants in medians.items():
+        fresh = {"ours", "native", "plain"}
         expected = {"region": floors | {"ours-hpu"}, "compiled.transformer": {"ours", "native"},
-                    "op.passthrough-after-hpu": {"ours", "native"}}.get(workload, floors)
+                    "op.passthrough-after-hpu": {"ours", "native"}, "loop.linear": fresh,
+                    "loop.linear-grad": fresh, "loop.mm": fresh}.get(workload, floors)
         assert set(variants) == expected, workload
         assert all(math.isfinite(v) and v > 0 for v in variants.values())
 
@@ -135,6 +137,43 @@ def test_only_runs_the_named_workloads():
     assert [f["id"] for f in results["figures"]] == ["op.cast.native", "op.cast.noop", "region.policy", "region.hpu"]
     with pytest.raises(ValueError, match="unknown workload"):
         settings_for("smoke", only=["op.nope"])
+
+
+@pytest.mark.parametrize("loop", ["linear", "linear-grad", "mm"])
+def test_fresh_loops_never_give_an_op_the_same_input_twice(loop):
+    # The loops time what a training step pays: every input is new, so no cache serves a cast.
+    # A dispatch mode under the plain variant sees the inputs each op gets (ours casts them
+    # first, so there the mode would see the copies).
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from benchmarks.workloads import SMOKE, backend_for, fresh_loop_variants
+
+    seen = []
+
+    class Inputs(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if loop == "mm" and func is torch.ops.aten.mm.default:
+                seen.extend(args[:2])
+            elif loop != "mm" and func is torch.ops.aten.addmm.default:  # a forward Linear (backward: mm)
+                seen.append(args[1])
+            return func(*args, **(kwargs or {}))
+
+    steps = 3
+    variants = fresh_loop_variants(loop, backend_for("cpu"), torch.bfloat16, SMOKE, steps)
+    assert set(variants) == {"ours", "native", "plain"}
+    with Inputs():
+        variants["plain"](steps)
+    if loop == "mm":
+        assert len(seen) == 2 * SMOKE.loop_mm_calls * steps
+        assert len({id(t) for t in seen}) == len(seen)  # kept alive by `seen`: ids are distinct objects
+    else:
+        firsts = seen[::SMOKE.loop_depth]  # the first layer's input, once per step
+        assert len(firsts) == steps and len({id(t) for t in firsts}) == steps
+    for variant in ("ours", "native"):
+        variants[variant](steps)  # each variant has a pool of its own, sized for `steps`
+    with pytest.raises(RuntimeError, match="fresh inputs ran out"):
+        variants["ours"](1)
 
 
 def test_unusable_device_is_an_error(capsys):

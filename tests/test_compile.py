@@ -266,3 +266,108 @@ def test_autocast_guards_compile_wherever_dynamo_was_loaded(loaded):
                          env={**os.environ, "PYTHONPATH": src})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16", "True"]
+
+
+# -- the guard tells policies apart by every field -------------------------------------------
+_LN = torch.ops.aten.layer_norm.default
+_MM = torch.ops.aten.mm.default
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _same_name_and_table(**changes):
+    """Two policies of one name and table: the second differs only in ``changes``."""
+    import dataclasses
+
+    from hpu_autocast import CastPolicy, Policy
+
+    base = Policy("twin", {_LN: CastPolicy.LOWER, _MM: CastPolicy.LOWER})
+    return base, dataclasses.replace(base, **changes)
+
+
+def _ln_then_add(model):
+    def f(x, y):
+        # layer_norm is on the list (its weight cast or not: input_only); add is on no list
+        # (cast to its first input's dtype or not: HMP's unlisted default).
+        return model(x) + y
+    return f
+
+
+@pytest.mark.parametrize("changes", [dict(input_only=frozenset({_LN})), dict(unlisted="first")],
+                         ids=["input_only", "unlisted"])
+def test_policies_of_one_name_and_table_each_get_their_own_graph(changes):
+    # The guard was the name and a hash of the table: the second policy ran the first one's
+    # graph (its casts) and gave the first one's values.
+    model = nn.LayerNorm(16)
+    torch.manual_seed(0)
+    nn.init.normal_(model.weight)
+    x, y = torch.randn(4, 16), torch.randn(4, 16)
+    f = _ln_then_add(model)
+    backend = Recording()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    first, second = _same_name_and_table(**changes)
+    results = []
+    for policy in (first, second, first, second):
+        with HpuAutocastMode(policy=policy):
+            out, eager = compiled(x, y), f(x, y)
+        assert out.dtype == eager.dtype and torch.equal(out, eager), policy
+        results.append(out)
+    assert len(backend.graphs) == 2  # one per policy, each reused
+    assert not torch.equal(results[0], results[1])  # the two policies do differ here
+
+
+def test_every_field_of_a_policy_tells_its_compiled_key_apart():
+    # Whatever a field changes, a policy that differs in it gets another key (the key is a
+    # serial from a registry keyed by the whole policy, not a hash of some fields); an equal
+    # policy, built again or pickled, gets the same key.
+    import dataclasses
+    import pickle
+
+    from hpu_autocast import CastPolicy, Policy
+    from hpu_autocast._table import compile_policy
+
+    variants = {
+        "name": "other",
+        "table": {_LN: CastPolicy.FP32, _MM: CastPolicy.LOWER},
+        "input_only": frozenset({_LN}),
+        "banned": {_ADD: "use something else"},
+        "dtypes": (torch.bfloat16,),
+        "missing": ("gone",),
+        "unlisted": CastPolicy.FIRST,
+        "inplace": CastPolicy.FIRST,
+        "promoted": frozenset({_ADD}),
+        "device_type": "cpu",
+        "native": "AutocastCPU",
+        "c_names_only": True,
+        "ignored": (("iadd", "lower", "a Python name"),),
+    }
+    # A field added to Policy must be added here (and is covered by the key without more work).
+    assert set(variants) == {f.name for f in dataclasses.fields(Policy) if f.init}
+    base, _ = _same_name_and_table()
+    keys = {compile_policy(base).key}
+    for field, value in variants.items():
+        keys.add(compile_policy(dataclasses.replace(base, **{field: value})).key)
+    assert len(keys) == 1 + len(variants)
+    assert compile_policy(pickle.loads(pickle.dumps(base))).key == compile_policy(base).key
+
+
+def test_a_policy_dropped_from_the_compiled_cache_keeps_its_key_and_collides_with_none():
+    # compile_policy keeps 64 compiled policies; one dropped and compiled again must get its
+    # old key (its compiled graphs are still right for it), and never another policy's.
+    import dataclasses
+
+    from hpu_autocast._table import _compiled, compile_policy
+
+    base, twin = _same_name_and_table(input_only=frozenset({_LN}))
+    first = compile_policy(base).key
+    crowd = [dataclasses.replace(base, missing=(str(i),)) for i in range(_compiled.cache_info().maxsize + 1)]
+    crowd_keys = {compile_policy(p).key for p in crowd}
+    assert compile_policy(base).key == first  # evicted (the crowd overflowed it) and compiled again
+    assert len(crowd_keys) == len(crowd) and first not in crowd_keys
+    assert compile_policy(twin).key not in crowd_keys | {first}
+    # A policy freed and built again gets a new key, never a freed one's.
+    del crowd
+    import gc
+
+    gc.collect()
+    fresh = {compile_policy(dataclasses.replace(base, missing=(str(i), "again"))).key for i in range(70)}
+    assert not fresh & (crowd_keys | {first})

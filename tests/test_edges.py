@@ -253,7 +253,36 @@ def test_a_copy_of_a_mode_is_a_fresh_mode_with_its_settings(copier):
     assert [r.calls for r in inner.report().rows] == [1]
 
 
+@pytest.mark.parametrize("policy", ["torch-cpu", "policy object"])
+@pytest.mark.parametrize("entered", [False, True], ids=["not entered", "entered"])
+def test_a_mode_pickles_as_its_settings(policy, entered):
+    # Entered, pickling failed inside torch ("pybind11 ... is not pickleable": the region's
+    # compiled policy). As a copy, and as torch.autocast pickles: its settings, not entered.
+    import pickle
+
+    from hpu_autocast.presets import get_preset
+
+    mode = HpuAutocastMode(torch.float16, cache_enabled=False,
+                           policy=get_preset("torch-cpu") if policy == "policy object" else policy)
+    with mode if entered else contextlib.nullcontext():
+        twin = pickle.loads(pickle.dumps(mode))
+    assert twin is not mode and _settings(twin) == _settings(mode) and repr(twin) == repr(mode)
+    assert nothing_casts()
+    with twin:
+        assert mm_dtype() == torch.float16
+    off = pickle.loads(pickle.dumps(HpuAutocastMode(enabled=False, policy="hpu")))
+    assert _settings(off) == _settings(HpuAutocastMode(enabled=False, policy="hpu"))
+
+
 # --- clear errors, early --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("thing", [3, None, "mm"])
+def test_the_decorator_refuses_what_is_not_callable(thing):
+    # Accepted before: the wrapper failed only when called. torch.autocast()(3) raises TypeError.
+    with pytest.raises(TypeError, match=rf"decorates a callable, got {thing!r} \({type(thing).__name__}\)"):
+        HpuAutocastMode()(thing)
+    with pytest.raises(TypeError):
+        torch.autocast("cpu")(thing)  # native refuses it too
 
 @pytest.mark.parametrize("flag, value", [("enabled", "False"), ("enabled", 0), ("cache_enabled", "no"),
                                          ("verbose", 1), ("record", None)])

@@ -94,13 +94,26 @@ def test_lazy_mode_asks_the_bridge_then_the_environment(monkeypatch):
 
 def test_cache_is_always_off_on_hpu(gaudi):
     # Seed 000: "autocast caching is permanently disabled on HPU" (graph mode dedups casts),
-    # so even an explicit cache_enabled=True is overridden.
+    # so even an explicit cache_enabled=True is overridden, for every region that casts HPU
+    # tensors: the default device with the bridge loaded, or named.
+    assert HpuAutocastMode().device_type == "hpu"
     assert HpuAutocastMode().cache_enabled is False
     assert HpuAutocastMode(cache_enabled=True).cache_enabled is False
+    assert HpuAutocastMode(policy="torch-cpu", device_type="hpu", cache_enabled=True).cache_enabled is False
 
-    # And the region really does not cache: a weight used twice gets two cast nodes.
+
+def test_a_cpu_region_caches_with_the_bridge_loaded(gaudi):
+    # The cache rule is the HPU's, not the process's: a CPU region casts CPU tensors, which
+    # Gaudi's graph mode never sees, so it caches as torch.autocast("cpu") does: a weight used
+    # twice is cast once (one ToCopyBackward). It used to be turned off once the bridge loaded.
     x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
-    with HpuAutocastMode(cache_enabled=True, **ON_CPU):
+    for mode in (HpuAutocastMode(**ON_CPU), HpuAutocastMode(policy="torch-cpu")):
+        assert mode.cache_enabled is True
+        with mode:
+            a, b = torch.mm(x, w), torch.mm(x, w)
+        assert a.grad_fn.next_functions[1][0] is b.grad_fn.next_functions[1][0]
+    # Asked off, it is off.
+    with HpuAutocastMode(cache_enabled=False, **ON_CPU):
         a, b = torch.mm(x, w), torch.mm(x, w)
     assert a.grad_fn.next_functions[1][0] is not b.grad_fn.next_functions[1][0]
 
@@ -114,11 +127,36 @@ def test_cache_is_on_off_hpu_for_contrast(no_gaudi):
 
 @pytest.mark.parametrize("policy", ["hpu", "torch-cpu"])
 def test_float16_refused_on_hpu_naming_the_accepted_dtype(gaudi, policy):
-    # "hpu" refuses float16 by its own dtypes; "torch-cpu" would accept it elsewhere, but not on HPU.
+    # "hpu" refuses float16 by its own dtypes; "torch-cpu" would accept it elsewhere, but not for
+    # a region that casts HPU tensors.
     with pytest.raises(ValueError, match=r"float16.*bfloat16"):
-        HpuAutocastMode(torch.float16, policy=policy)
-    HpuAutocastMode(torch.bfloat16, policy=policy)
+        HpuAutocastMode(torch.float16, policy=policy, device_type="hpu")
+    HpuAutocastMode(torch.bfloat16, policy=policy, device_type="hpu")
     HpuAutocastMode(torch.float16, policy=policy, enabled=False)  # a disabled region checks nothing
+
+
+def test_a_cpu_region_may_use_float16_with_the_bridge_loaded(gaudi):
+    # The dtype rule is the HPU's: a torch-cpu region (device cpu) in a process that loaded the
+    # bridge casts CPU tensors, and float16 works there as under torch.autocast("cpu"). It was
+    # refused with "dtype=float16 is not supported on HPU".
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with HpuAutocastMode(torch.float16, policy="torch-cpu") as mode:
+        out = torch.mm(a, b)
+    assert mode.device_type == "cpu" and out.dtype == torch.float16
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.equal(out, torch.mm(a, b))
+    # The hpu preset refuses float16 on every device, by its own dtypes (seed 000), not the bridge.
+    with pytest.raises(ValueError, match="float16"):
+        HpuAutocastMode(torch.float16, **ON_CPU)
+
+
+def test_the_device_rules_hold_without_the_bridge(no_gaudi):
+    # A region that names the HPU refuses float16 and does not cache, bridge or not: the rules
+    # are the device's.
+    with pytest.raises(ValueError, match=r"float16 is not supported on HPU"):
+        HpuAutocastMode(torch.float16, policy="torch-cpu", device_type="hpu")
+    assert HpuAutocastMode(policy="torch-cpu", device_type="hpu").cache_enabled is False
+    assert HpuAutocastMode(torch.float16, policy="torch-cpu").cache_enabled is True
 
 
 # -- lazy mode: mark_step, no host synchronisation -------------------------------------------
@@ -223,20 +261,123 @@ def test_the_mode_adds_no_host_synchronisation(gaudi, kwargs):
 
 
 # -- HPU graphs ------------------------------------------------------------------------------
+# The stand-in keys graphs as the bridge does (input shapes and views, native HPU autocast's
+# state) and replays the captured ATen graph without running the module's Python, so a graph
+# keyed on the inputs alone would replay one region's casts under another.
 
-def test_wrap_in_hpu_graph_under_the_mode(gaudi):
-    plain = mlp().eval()
-    wrapped = hpu.wrap_in_hpu_graph(copy.deepcopy(plain), disable_tensor_cache=True)
+#: Region states a wrapped module may be called in: (name, a fresh context for it).
+REGIONS = {
+    "hpu bf16": lambda: HpuAutocastMode(**ON_CPU),
+    "outside": contextlib.nullcontext,
+    "torch-cpu bf16": lambda: HpuAutocastMode(policy="torch-cpu"),  # layer_norm in float32 here
+    "torch-cpu fp16": lambda: HpuAutocastMode(torch.float16, policy="torch-cpu"),
+    "disabled": lambda: _nested(HpuAutocastMode(**ON_CPU), HpuAutocastMode(enabled=False)),
+}
+
+
+@contextlib.contextmanager
+def _nested(*modes):
+    with contextlib.ExitStack() as stack:
+        for m in modes:
+            stack.enter_context(m)
+        yield
+
+
+def graphed(**kwargs):
+    """An MLP behind a LayerNorm (its float32 input lowered under hpu, left alone under
+    torch-cpu), in eval mode, and a copy of it wrapped in an HPU graph."""
+    plain = torch.nn.Sequential(torch.nn.LayerNorm(8), mlp()).eval()
+    return plain, hpu.wrap_in_hpu_graph(copy.deepcopy(plain), **kwargs)
+
+
+def run(module, region, x):
+    with torch.no_grad(), REGIONS[region]():
+        return module(x).clone()  # the bridge returns its static outputs: a replay overwrites them
+
+
+def test_the_stand_in_replays_without_running_python(gaudi):
+    # What makes the stand-in realistic: the module's forward runs once, at capture; a replay
+    # runs the captured ATen graph, and the same output tensor comes back, overwritten.
+    calls = []
+    model = mlp().eval()
+    forward = model.forward
+    model.forward = lambda x: (calls.append(x.shape), forward(x))[1]
+    wrapped = hpu.wrap_in_hpu_graph(model)
     x, _ = data()
-    with torch.no_grad(), HpuAutocastMode(**ON_CPU):
-        outs = [wrapped(x), wrapped(x), wrapped(x[:4])]
-        refs = [plain(x), plain(x), plain(x[:4])]
-    for out, ref in zip(outs, refs):
-        assert out.dtype == torch.bfloat16  # the last Linear is on the lower list
-        assert torch.equal(out, ref)
-    # Captured once per input shape, replayed after; keyword arguments passed through.
-    assert gaudi.calls == [("wrap", "Sequential", dict(asynchronous=False, disable_tensor_cache=True)),
-                           ("capture", 0), ("replay", 0), ("capture", 1)]
+    with torch.no_grad():
+        first = wrapped(x)
+        ref = first.clone()
+        second = wrapped(x * 2)
+    assert calls == [x.shape] and second is first and not torch.equal(second, ref)
+    with torch.no_grad():
+        assert torch.equal(second, forward(x * 2))
+    assert gaudi.names() == ["wrap", "capture", "replay"]
+
+
+@pytest.mark.parametrize("later", [r for r in REGIONS if r != "hpu bf16"])
+def test_a_graph_captured_in_a_region_is_not_replayed_in_another_state(gaudi, later):
+    # Wrapped and first called in a bfloat16 hpu region, then called outside any region, under
+    # another policy or dtype, or in a disabled region: each call computes what the plain module
+    # computes there, bit for bit, because each state gets a capture of its own. (Keyed on the
+    # inputs alone, as the bridge keys them, the later calls replayed the bfloat16 graph.)
+    plain, wrapped = graphed()
+    x, _ = data()
+    for region in ("hpu bf16", later, "hpu bf16", later):
+        out, ref = run(wrapped, region, x), run(plain, region, x)
+        assert out.dtype == ref.dtype and torch.equal(out, ref), region
+    assert gaudi.calls[1:] == [("capture", 0), ("capture", 1), ("replay", 0), ("replay", 1)]
+
+
+def test_one_capture_per_region_state_and_input_shape(gaudi):
+    plain, wrapped = graphed(disable_tensor_cache=True)
+    x, _ = data()
+    for _ in range(2):
+        for region in REGIONS:
+            for inputs in (x, x[:4]):
+                out, ref = run(wrapped, region, inputs), run(plain, region, inputs)
+                assert out.dtype == ref.dtype and torch.equal(out, ref), region
+    # Five states x two shapes, less one: no region and a disabled one cast nothing alike and
+    # share their graphs. Keyword arguments pass through to the bridge.
+    assert gaudi.calls[0] == ("wrap", "Sequential", dict(asynchronous=False, disable_tensor_cache=True))
+    assert gaudi.names().count("capture") == 8 and gaudi.names().count("replay") == 12
+    assert [run(wrapped, r, x).dtype for r in REGIONS] == [torch.bfloat16, torch.float32, torch.bfloat16,
+                                                           torch.float16, torch.float32]
+
+
+def test_graphs_past_max_graphs_run_uncaptured_with_their_casts(gaudi):
+    plain, wrapped = graphed(max_graphs=1)
+    x, _ = data()
+    for region in ("hpu bf16", "outside", "hpu bf16", "outside"):
+        out, ref = run(wrapped, region, x), run(plain, region, x)
+        assert out.dtype == ref.dtype and torch.equal(out, ref), region
+    assert gaudi.names()[1:] == ["capture", "uncached", "replay", "uncached"]
+    wrapped.clear_cache()  # the bridge's: frees the graphs
+    run(wrapped, "outside", x)
+    assert gaudi.calls[-1] == ("capture", 1)
+
+
+def test_an_observing_region_runs_the_module_itself(gaudi):
+    # A replay runs no Python, so an observer would see none of the module's calls: in a region
+    # with an observer the module runs uncaptured, and the observer sees its casts.
+    plain, wrapped = graphed()
+    x, _ = data()
+    run(wrapped, "hpu bf16", x)
+    events = []
+    with torch.no_grad(), HpuAutocastMode(observer=events.append, **ON_CPU):
+        out = wrapped(x)
+    assert torch.equal(out, run(plain, "hpu bf16", x))
+    assert any(e.casts for e in events) and {str(e.op) for e in events} >= {"aten.linear.default"}
+    assert gaudi.names() == ["wrap", "capture"]  # no replay, no second capture
+
+
+def test_without_the_region_keyword_the_module_is_unchanged(gaudi):
+    # The keyword that carries the region's state to the bridge never reaches forward, and the
+    # bridge's own keywords pass through.
+    plain, wrapped = graphed()
+    x, _ = data()
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, bypass_hpu_graphs=True), plain(x))
+    assert gaudi.names() == ["wrap", "bypass"]
 
 
 # -- without the bridge ----------------------------------------------------------------------

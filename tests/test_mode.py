@@ -277,12 +277,14 @@ def test_cache_defaults_on_without_hpu_and_is_off_on_hpu(monkeypatch):
 
     assert HpuAutocastMode().cache_enabled is True  # no Gaudi bridge loaded here
     # Seed 000: "autocast caching is permanently disabled on HPU", even when asked for; and
-    # float16 is not supported there, whatever the policy.
+    # float16 is not supported there, whatever the policy. "There" is the region's device: the
+    # hpu preset's default once the bridge is loaded, or named; a CPU region keeps the CPU's rules.
     monkeypatch.setitem(sys.modules, "habana_frameworks.torch", types.ModuleType("habana_frameworks.torch"))
     assert HpuAutocastMode().cache_enabled is False
-    assert HpuAutocastMode(policy="torch-cpu", cache_enabled=True).cache_enabled is False
+    assert HpuAutocastMode(policy="torch-cpu", device_type="hpu", cache_enabled=True).cache_enabled is False
     with pytest.raises(ValueError, match="float16"):
-        HpuAutocastMode(torch.float16, policy="torch-cpu")
+        HpuAutocastMode(torch.float16, policy="torch-cpu", device_type="hpu")
+    assert HpuAutocastMode(torch.float16, policy="torch-cpu").cache_enabled is True
 
 
 def test_float16_refused_by_the_hpu_policy_naming_it():

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import collections
 import importlib
+import importlib.util
+import os
 import pathlib
 import pkgutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 import hpu_autocast
 
 PACKAGE = pathlib.Path(hpu_autocast.__file__).resolve().parent
+#: Modules that import an optional framework, by the framework (only they may, and only they fail
+#: to import without it).
+NEEDS = {"hpu_autocast.integrations.lightning": "pytorch_lightning"}
 
 
 def _submodules() -> dict:
@@ -37,6 +45,8 @@ def test_no_name_in_all_shadows_a_submodule():
 def test_importing_every_submodule_leaves_the_public_names_as_they_were():
     before = {name: getattr(hpu_autocast, name) for name in hpu_autocast.__all__}
     for name in _submodules():
+        if name in NEEDS and importlib.util.find_spec(NEEDS[name]) is None:
+            continue
         if not name.endswith("__main__") and not name.endswith("._strategies"):  # runs the CLI; needs hypothesis
             importlib.import_module(name)
     assert {name: getattr(hpu_autocast, name) for name in hpu_autocast.__all__} == before
@@ -54,3 +64,26 @@ def test_every_public_name_is_documented(name):
     value = getattr(hpu_autocast, name)
     doc = vars(value).get("__doc__") if isinstance(value, type) else value.__doc__  # a class's own
     assert doc and doc.strip(), f"hpu_autocast.{name} has no docstring"
+
+
+def test_the_package_imports_no_framework_and_says_what_a_recipe_needs():
+    # In a fresh process: `import hpu_autocast` and `hpu_autocast.integrations` load no Lightning;
+    # with Lightning missing (None in sys.modules reads as not installed), the plugin's module
+    # raises an ImportError that names what to install.
+    script = textwrap.dedent("""
+        import sys
+        import hpu_autocast, hpu_autocast.integrations
+        print(sorted(m for m in sys.modules if "lightning" in m.split(".")[0]))
+        sys.modules["pytorch_lightning"] = None
+        try:
+            import hpu_autocast.integrations.lightning
+        except ImportError as e:
+            print(type(e).__name__, e)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    loaded, error = run.stdout.splitlines()
+    assert loaded == "[]"
+    assert error.startswith("ImportError hpu_autocast.integrations.lightning needs PyTorch Lightning, which is not "
+                            "installed: pip install \"pytorch-lightning>=2.6\"")

@@ -334,3 +334,17 @@ def test_the_cache_flag_survives_regions_that_exit_out_of_order():
     assert torch.is_autocast_cache_enabled() is True       # the inner region is in force
     inner.__exit__(None, None, None)
     assert torch.is_autocast_cache_enabled() is before
+
+
+def test_a_region_inside_inference_mode_casts_as_native():
+    # Was: "Inference tensors do not track version counter" (the old cache read _version of an
+    # inference tensor); Lightning's test and predict loops run under inference_mode.
+    def run(ctx):
+        torch.manual_seed(0)
+        with torch.inference_mode():
+            lin, x = nn.Linear(4, 4), torch.randn(2, 4)
+            with ctx:
+                return lin(x), lin(x), torch.mm(x, x.t())
+
+    for o, n in zip(run(_ours(cache_enabled=True)), run(_native())):
+        assert o.dtype == n.dtype and torch.equal(o, n)

@@ -11,9 +11,10 @@ The public names (``__all__``), by what they are for:
 * the region: ``HpuAutocastMode``, ``disable_casts``; inside one, ``is_enabled``, ``get_dtype``,
   ``get_policy``;
 * policies: ``Policy``, ``CastPolicy``, ``get_preset``, ``preset_names``, ``build_policy``,
-  ``with_lists``, ``resolve``, ``PolicyError``;
+  ``with_lists``, ``policy_from_gaudi_config``, ``resolve``, ``PolicyError``;
 * what ran: ``record``, ``Recorder``, ``PrecisionReport``, ``Event`` (and the ``events`` module),
   ``op_graph``, ``compare``, ``Comparison``, ``trace``, ``cast_nodes``;
+* tuning a policy: ``tune``, ``TuneResult`` (``docs/tuning.md``);
 * training: ``custom_fwd``, ``custom_bwd`` (the ``amp`` module);
 * the modules ``hmp`` (a drop-in for Habana Mixed Precision), ``hpu`` (Gaudi glue) and
   ``report``.
@@ -39,7 +40,7 @@ if "torch" not in _sys.modules:
 
 from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
-from .builder import build_policy, with_lists
+from .builder import build_policy, policy_from_gaudi_config, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
@@ -49,6 +50,7 @@ from .opgraph import op_graph
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
 from .report import PrecisionReport, Recorder
+from .tuning import TuneResult, tune
 
 __all__ = [
     # the region
@@ -64,6 +66,7 @@ __all__ = [
     "preset_names",
     "build_policy",
     "with_lists",
+    "policy_from_gaudi_config",
     "resolve",
     "PolicyError",
     # what ran
@@ -77,6 +80,9 @@ __all__ = [
     "Comparison",
     "trace",
     "cast_nodes",
+    # tuning a policy
+    "tune",
+    "TuneResult",
     # training
     "custom_fwd",
     "custom_bwd",

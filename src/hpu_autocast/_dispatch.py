@@ -10,10 +10,9 @@ the op, so the op's insides are left alone while calls made from C++ inside *oth
 (``at::linear`` in ``lstm``, ``bmm`` in ``einsum``) still reach the key.
 
 This package does the same in Python. It registers, through ``torch.library``, one kernel per
-policy overload on an autocast key that no backend in this process uses (``AutocastPrivateUse1``
-unless a PrivateUse1 backend is loaded), and switches that key on for a thread by adding it to the
-thread's *included* set while a region is open there (tensors do not carry it; the included set
-reaches every call). Hence:
+policy overload on a borrowed autocast key (the *ops key*), and switches that key on for a thread
+by adding it to the thread's *included* set while a region is open there (tensors do not carry
+it; the included set reaches every call). Hence:
 
 * an op no policy names never enters Python: it falls through, as under native autocast;
 * a policy op is cast where native autocast casts it, above autograd (the casts are ordinary
@@ -23,17 +22,50 @@ reaches every call). Hence:
   ``torch.compile`` traces through the kernels (its AOT tracing dispatches like eager), so the
   casts land in the compiled graph.
 
-A second borrowed key carries a Python kernel for *every* op, the *fallback*, which sees each op
-the first key let through: it is switched on only for regions that observe (``verbose``,
-``record``, ``observer=``) or whose policy has a rule for ops on no list (HMP), so other regions
-never pay for it. It sits below the first key, so it sees only ops that no kernel handled. (It is
-one kernel per op, registered when first needed, rather than a dispatcher fallback: torch routes
-a Python *fallback* through the active ``TorchDispatchMode``'s interpreter, which knows only
-per-op registrations, and fails an internal assert there; and torch 2.4 has no Python fallbacks.)
+A second borrowed key (the *observing key*) carries a Python kernel for *every* op, the
+*fallback*: it is switched on only for regions that observe (``verbose``, ``record``,
+``observer=``) or whose policy has a rule for ops on no list (HMP), so other regions never pay
+for it. It sits *above* the ops key: it sees each op first, hands an op of the region's policy
+down to the ops key with itself excluded, and observes or applies its default to the rest. (It
+is one kernel per op, registered when first needed, rather than a dispatcher fallback: torch
+routes a Python *fallback* through the active ``TorchDispatchMode``'s interpreter, which knows
+only per-op registrations, and fails an internal assert there; and torch 2.4 has no Python
+fallbacks.)
+
+[Note: borrowing keys that a backend may claim later]
+A key needs a *backend fallback* that falls through, or every op without a kernel there fails
+("Could not run ... with arguments from the 'AutocastX' backend") once the key is on. A key has
+one fallback: a backend that loads later and registers its own on a key this package holds
+fails ("Tried to register multiple backend fallbacks for the same dispatch key"), and a C++
+extension that does so in its static initialisation aborts the process. The free autocast keys
+and who would claim them:
+
+* ``AutocastIPU``: Graphcore's IPU, whose PyTorch support has ended: no backend loads there;
+* ``AutocastHPU``: Gaudi's bridge registers a fallthrough fallback and its list kernels there;
+* ``AutocastPrivateUse1``: every out-of-tree PrivateUse1 backend (torch_npu, torch_musa,
+  torch-spyre, torch's openreg test backend) does the same.
+
+So the ops key, on in every region, is ``AutocastIPU`` (unless something claimed it), and holds
+its fallthrough fallback for the life of the process. The observing key must sit above it,
+so it is ``AutocastHPU`` or ``AutocastPrivateUse1``: ``AutocastPrivateUse1`` when Gaudi's bridge is
+installed here (keeping the key it will load onto free), else ``AutocastHPU`` (no Gaudi bridge
+can load where none is installed). It holds its fallback only while an observing region is open
+anywhere in the process (registered when the first opens, released when the last closes: ~1 ms
+for the pair, as the dispatcher updates every operator's table; nested observing regions pay
+nothing), and its per-op kernels pass every call on when no region observes. A backend loaded
+while no observing region is open therefore registers its fallback freely; its own kernels on
+that key win over this package's (torch warns once: "Overriding a previously registered
+kernel"), so its autocast works, only through one Python call per op it does not list until the
+next observing region, which finds the key claimed, removes every registration of its own
+there, and moves to the other key. When both are claimed, observing regions (and HMP policies)
+raise ``RuntimeError`` naming the backends; regions that do not observe keep casting. A backend
+loaded *while* an observing region is open (a script run under ``hpu-autocast report``, or
+``hmp.convert``, which holds one for the process) still fails as before.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 from typing import Callable, Dict, Optional
@@ -52,13 +84,13 @@ _set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
 _is_included = torch._C._dispatch_tls_is_dispatch_key_included
 _is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 
-# Autocast keys of devices this package does not cast for natively, in order of preference, with
-# the device whose backend would own them. A key is borrowed only while no backend claims it.
-# AutocastHPU comes last: Gaudi's bridge registers its own fallback there when it loads.
-_CANDIDATES = (("AutocastPrivateUse1", "privateuseone"), ("AutocastIPU", "ipu"), ("AutocastHPU", "hpu"))
+# The autocast keys no in-tree backend uses, with the device whose backend would claim each,
+# lowest dispatch priority first (the ops key is the first free one; Note: borrowing keys).
+_CANDIDATES = (("AutocastIPU", "ipu"), ("AutocastHPU", "hpu"), ("AutocastPrivateUse1", "privateuseone"))
 
 
 def _claimed(name: str, device: str) -> bool:
+    """Whether a backend holds ``name`` (call only while this package holds no fallback there)."""
     key = getattr(_DK, name, None)
     if key is None:
         return True
@@ -71,69 +103,138 @@ def _claimed(name: str, device: str) -> bool:
     return False
 
 
+def _gaudi_installed() -> bool:
+    """Whether Gaudi's bridge could be imported here (``hpu.hpu_importable``, not imported: that
+    module sits above this one)."""
+    if "habana_frameworks" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("habana_frameworks") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _describe(name: str, device: str) -> str:
+    if device == "privateuseone" and torch._C._get_privateuse1_backend_name() != "privateuseone":
+        return f"{name} (PrivateUse1 backend {torch._C._get_privateuse1_backend_name()!r})"
+    if device == "hpu" and "habana_frameworks.torch" in sys.modules:
+        return f"{name} (Gaudi's bridge)"
+    return f"{name} (a library registered a fallback there)"
+
+
 class Keys:
     """The two borrowed keys and the libraries holding this package's registrations on them.
 
     ``ops`` carries one kernel per policy overload (registered as policies are first used, kept
-    for the life of the process: a kernel whose region does not name its op calls it through);
-    ``all`` carries the observing fallback. ``ops`` has the higher priority."""
+    for the life of the process: a kernel whose region does not name its op calls it through)
+    and a fallthrough fallback; ``all``, above it, carries the observing kernels, registered at
+    the first observing region, with a fallthrough fallback while any observing region is open
+    (Note: borrowing keys that a backend may claim later)."""
 
     def __init__(self, make_kernel: Callable[[OpOverload], Callable],
                  make_fallback: Callable[[OpOverload], Callable]) -> None:
-        free = [(name, device) for name, device in _CANDIDATES if not _claimed(name, device)]
-        if len(free) < 2:
+        free = [(n, d) for n, d in _CANDIDATES if not _claimed(n, d)]
+        if not free or free[0][0] == _CANDIDATES[-1][0]:
+            taken = [_describe(n, d) for n, d in _CANDIDATES if (n, d) not in free]
             raise RuntimeError(
-                "hpu_autocast needs two autocast dispatch keys that no backend uses; of "
-                f"{', '.join(n for n, _ in _CANDIDATES)} only {', '.join(n for n, _ in free) or 'none'} "
-                "are free in this process")
-        (ops_name, self.ops_device), (all_name, self.all_device) = sorted(
-            free[:2], key=lambda nd: int(getattr(_DK, nd[0])), reverse=True)
-        self.ops = getattr(_DK, ops_name)
-        self.all = getattr(_DK, all_name)
-        self.ops_name, self.all_name = ops_name, all_name
+                "hpu_autocast needs an autocast dispatch key that no backend uses, below another one; of "
+                f"{', '.join(n for n, _ in _CANDIDATES)}, these are taken in this process: {', '.join(taken)}")
+        self.ops_name, self.ops_device = free[0]
+        self.ops = getattr(_DK, self.ops_name)
+        #: The observing key: a candidate above ``ops`` (possibly claimed: ``prepare_fallback`` checks).
+        self.all_name, self.all_device = self._above_ops()[0]
+        self.all = getattr(_DK, self.all_name)
         self._make_kernel = make_kernel
         self._make_fallback = make_fallback
-        self._globals = [_fall_through(name) for name in (ops_name, all_name)]
-        self._libs: Dict[str, Library] = {}
+        self._ops_fallback = _fall_through(self.ops_name)
+        self._ops_libs: Dict[str, Library] = {}
+        self._all_libs: Dict[str, Library] = {}
+        self._all_fallback: Optional[Library] = None
         self._registered: set = set()
         self._lock = threading.Lock()
         self._fallback_ready = False
+        self._observing = 0
 
-    def _lib(self, ns: str) -> Library:
-        lib = self._libs.get(ns)
+    def _above_ops(self) -> list:
+        """The candidates for the observing key, in order of preference."""
+        above = [nd for nd in _CANDIDATES if int(getattr(_DK, nd[0])) > int(self.ops)]
+        if _gaudi_installed():  # keep AutocastHPU free for the bridge
+            above.sort(key=lambda nd: nd[1] == "hpu")
+        else:  # keep AutocastPrivateUse1 free for PrivateUse1 backends
+            above.sort(key=lambda nd: nd[1] == "privateuseone")
+        return above
+
+    @staticmethod
+    def _lib(libs: Dict[str, Library], ns: str) -> Library:
+        lib = libs.get(ns)
         if lib is None:
-            lib = self._libs[ns] = Library(ns, "IMPL")
+            lib = libs[ns] = Library(ns, "IMPL")
         return lib
 
+    def observing_opened(self) -> None:
+        """An observing region opens: make the observing key ready and hold its fallback.
+
+        The first of the process's open observing regions checks that no backend claimed the key
+        since the last one closed (none can while one is open: the fallback is held), and if one
+        did, gives it up for the other candidate; raises ``RuntimeError`` naming the backends
+        when both are claimed."""
+        with self._lock:
+            if self._observing == 0:
+                if _claimed(self.all_name, self.all_device):
+                    self._move_all()
+                self.prepare_fallback()
+                self._all_fallback = _fall_through(self.all_name)
+            self._observing += 1
+
+    def observing_closed(self) -> None:
+        """An observing region closes: the last one releases the observing key's fallback."""
+        with self._lock:
+            self._observing -= 1
+            if self._observing == 0:
+                fallback, self._all_fallback = self._all_fallback, None
+                fallback._destroy()
+
+    def _move_all(self) -> None:
+        for lib in self._all_libs.values():
+            lib._destroy()  # the backend's kernels on the key are left, and win again
+        self._all_libs.clear()
+        self._fallback_ready = False
+        free = [nd for nd in self._above_ops() if not _claimed(*nd)]
+        if not free:
+            raise RuntimeError(
+                "hpu_autocast: a region that observes (record=True, verbose=True, observer=) or whose "
+                "policy has defaults for ops on no list (hmp) needs a second autocast dispatch key that "
+                "no backend uses, above " + self.ops_name + "; these are taken in this process: "
+                + ", ".join(_describe(*nd) for nd in self._above_ops())
+                + ". Regions that do not observe still cast")
+        self.all_name, self.all_device = free[0]
+        self.all = getattr(_DK, self.all_name)
+
     def prepare_fallback(self) -> None:
-        """Register the fallback's kernel for every op the dispatcher has (once, before the
-        fallback's key is first switched on; ops registered later fall through it).
+        """Register the fallback's kernel on the observing key for every op the dispatcher has
+        (once per key; ops registered later reach the key's fallthrough fallback while it is held).
 
         [Note: views never enter the fallback] A view neither computes nor casts, and a Python
         kernel that returns a tensor gives it a Python object, which C++ code wrapping a fresh
         tensor in a subclass does not expect: ``nn.Parameter(t)`` detaches ``t`` and fails with
         "the raw Tensor object is already associated to a python object". So every overload whose
-        schema returns an alias it does not write (``detach``, ``view``, ``t``, ...) is left to
-        fall through (``_ops.is_view``: views and in-place views such as ``detach_``)."""
+        schema returns an alias it does not write (``detach``, ``view``, ``t``, ...) falls
+        through, per op (``_ops.is_view``: views and in-place views such as ``detach_``)."""
         if self._fallback_ready:
             return
-        with self._lock:
-            if self._fallback_ready:
-                return
-            for schema in torch._C._jit_get_all_schemas():
-                ns, _, name = schema.name.partition("::")
-                qualified = f"{name}.{schema.overload_name}" if schema.overload_name else name
-                try:
-                    op = getattr(getattr(getattr(torch.ops, ns), name), schema.overload_name or "default")
-                except (AttributeError, RuntimeError):
-                    continue  # a TorchScript-only schema (aten::__getitem__.t): no dispatcher entry
-                if _ops.is_view(op):
-                    continue
-                try:
-                    self._lib(ns).impl(qualified, self._make_fallback(op), self.all_name)
-                except RuntimeError:
-                    continue  # an op whose schema the dispatcher does not accept a Python kernel for
-            self._fallback_ready = True
+        for schema in torch._C._jit_get_all_schemas():
+            ns, _, name = schema.name.partition("::")
+            qualified = f"{name}.{schema.overload_name}" if schema.overload_name else name
+            try:
+                op = getattr(getattr(getattr(torch.ops, ns), name), schema.overload_name or "default")
+            except (AttributeError, RuntimeError):
+                continue  # a TorchScript-only schema (aten::__getitem__.t): no dispatcher entry
+            kernel = fallthrough_kernel if _ops.is_view(op) else self._make_fallback(op)
+            try:
+                self._lib(self._all_libs, ns).impl(qualified, kernel, self.all_name)
+            except RuntimeError:
+                continue  # an op whose schema the dispatcher does not accept a Python kernel for
+        self._fallback_ready = True
 
     def register(self, ops) -> None:
         """Register the kernel of every overload in ``ops`` not registered yet."""
@@ -145,7 +246,7 @@ class Keys:
                 if op in self._registered:
                     continue
                 ns, _, name = op._schema.name.partition("::")
-                lib = self._lib(ns)
+                lib = self._lib(self._ops_libs, ns)
                 overload = op._overloadname
                 # with_keyset: the kernel gets the call's dispatch key set, to pass an op it has
                 # no rule for on below its key as a fallthrough would (_engine._make_kernel).
@@ -156,7 +257,7 @@ class Keys:
 
 def _fall_through(key_name: str) -> Library:
     """Make ``key_name`` fall through for every op without a kernel there; returns the library
-    holding that registration (it lasts as long as the library object)."""
+    holding that registration (it lasts until the library is destroyed)."""
     lib = Library("_", "IMPL", key_name)
     if hasattr(lib, "fallback"):
         lib.fallback(fallthrough_kernel, key_name)
@@ -206,14 +307,15 @@ class ThreadSwitch:
 
 
 def _switch(key, on: bool, saved: Optional[tuple]) -> Optional[tuple]:
-    """Turn ``key`` on (saving its state) or back to the saved state; returns the new saved state."""
+    """Turn ``key`` on (saving its state) or back to the saved state; returns the new saved state.
+    The saved state names its key: the observing key may have moved since (``Keys._move_all``)."""
     if on and saved is None:
-        saved = (_is_included(key), _is_excluded(key))
+        saved = (key, _is_included(key), _is_excluded(key))
         _set_included(key, True)
         _set_excluded(key, False)
     elif not on and saved is not None:
-        _set_included(key, saved[0])
-        _set_excluded(key, saved[1])
+        _set_included(saved[0], saved[1])
+        _set_excluded(saved[0], saved[2])
         saved = None
     return saved
 

@@ -240,9 +240,11 @@ def enter(region: Region) -> None:
     A region with a policy owns autocast for its device type while it is open: torch's own
     autocast for that device, if on (an enclosing ``torch.autocast``), is suspended, so the
     innermost decides, and it is restored at the exit."""
+    k = _dispatch._keys or _keys()
+    if region.observes:
+        k.observing_opened()  # first: it raises when no key is free for it
     for opened, _ in REGION_HOOKS:
         opened()
-    k = _dispatch._keys or _keys()
     compiled = region.compiled
     if compiled is not None and region.enabled:
         if not compiled.registered:
@@ -252,8 +254,6 @@ def enter(region: Region) -> None:
             native = compiled.native_ops()
             if native:
                 k.register(native)
-    if region.observes:
-        k.prepare_fallback()
     parent = innermost()
     if parent is not None:
         # As torch.autocast: one cast cache for the outermost region and all nested in it.
@@ -330,6 +330,8 @@ def _close(region: Region) -> None:
     if region.eager:
         _compile_guard.observing_closed(True)
     switch.sync(_dispatch._keys)
+    if region.observes:
+        _dispatch._keys.observing_closed()  # after the sync: the key is off in this thread
     for d in region.native_was_on:
         _native_set_enabled(d, True)
     frame = _get_frame()
@@ -384,7 +386,11 @@ def replace_innermost(enabled: bool, dtype: torch.dtype) -> None:
 
 
 class _GuardToken:
-    """The innermost region's state as one string: what compiled frames are guarded on."""
+    """The innermost region's state as one string: what compiled frames are guarded on. Each
+    part changes what the kernels put in a graph: the policy (its key names it exactly, every
+    field of it; see ``_table.policy_serial``), the dtype, the device, on/off. (Not the cast
+    cache: a traced graph casts a weight at each use under either setting, as native
+    autocast's compiled graphs do; tests/test_compile.py checks both against native.)"""
 
     __slots__ = ()
 
@@ -461,6 +467,14 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
     inside it, HMP's nll_loss inside nll_loss_nd)."""
     all_key = _dispatch._keys.all
     frame = innermost()
+    if frame is not None and frame.region.compiled is not None and id(op) in frame.region.compiled.by_id:
+        # This key sits above the ops key (_dispatch's Note: borrowing keys): an op of the
+        # region's policy is the ops key's kernel's to cast, or to report as disabled.
+        _set_excluded(all_key, True)
+        try:
+            return op._op(*args, **kwargs)
+        finally:
+            _set_excluded(all_key, False)
     if frame is not None and frame.enabled and not _ops.is_composite(op):
         region = frame.region
         compiled = region.compiled
@@ -497,7 +511,7 @@ def _pass_on(op: OpOverload, args: tuple, kwargs: dict, *keys) -> object:
     Python numbers a kernel receives for wrapped scalars: ``x / 3``.) Where a native autocast
     key is on, a composite may have a kernel there, which decomposing would skip: then it runs
     with ``keys`` excluded too."""
-    if _ops.is_composite(op) and all(_is_excluded(k) for k in _NATIVE_AUTOCAST):
+    if _ops.is_composite(op) and all(_is_excluded(n) for n in _NATIVE_AUTOCAST if n not in keys):
         return op.decompose(*args, **kwargs)
     before = [_is_excluded(k) for k in keys]
     for k in keys:

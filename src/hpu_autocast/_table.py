@@ -8,6 +8,9 @@ norms), its ban message, and its schema's argument names (for events).
 from __future__ import annotations
 
 import functools
+import itertools
+import threading
+import weakref
 from typing import Dict, Optional
 
 import torch
@@ -92,8 +95,9 @@ class CompiledPolicy:
         #: Whether ops on no list may still have a rule (HMP's ``unlisted``/``inplace``).
         self.has_defaults = policy.unlisted is not None or policy.inplace is not None
         self._defaults: Dict[OpOverload, Optional[OpRule]] = {}
-        #: A short string that tells policies apart (Dynamo guards compiled code on it).
-        self.key = f"{policy.name}#{hash(policy) & 0xFFFFFFFF:08x}"
+        #: A short string that tells policies apart (Dynamo guards compiled code on it): the
+        #: policy's name and its serial (see ``policy_serial``).
+        self.key = f"{policy.name}#{policy_serial(policy)}"
         #: Whether the engine's kernels for these rules are registered (done at the first region).
         self.registered = False
         self._native_epoch = None
@@ -143,7 +147,42 @@ class CompiledPolicy:
         return rule
 
 
-@functools.lru_cache(maxsize=64)
+# [Note: a compiled policy's key]
+# Compiled code is guarded on which policy a region applies (``_compile_guard``), so the key
+# must differ whenever two policies could make a kernel do something different: the table, but
+# also ``input_only``, ``banned``, ``unlisted``/``inplace``, ``native``... A hash of some of
+# the fields missed the others (two policies of one name and table shared a compiled graph) and
+# could collide. A serial number cannot: serials only grow and are never reused, and a policy
+# keeps the one it was given (on itself). A registry keyed by the policy (dataclass equality:
+# every field, so a field added later is covered without more work) hands an equal policy the
+# same serial, so it reuses the compiled code; its entries are weak, and an equal policy built
+# after all holders of a serial were freed gets a new one: a recompilation, never a collision.
+# The lru_cache below may drop a compiled policy; compiling it again finds the same serial.
+_SERIALS: "weakref.WeakKeyDictionary[Policy, int]" = weakref.WeakKeyDictionary()
+_NEXT_SERIAL = itertools.count(1)
+_serials_lock = threading.Lock()
+
+
+def policy_serial(policy: Policy) -> int:
+    """A number that no unequal policy ever gets, the same for equal policies while one of
+    them holds it."""
+    with _serials_lock:
+        serial = policy._serial or _SERIALS.get(policy) or next(_NEXT_SERIAL)
+        object.__setattr__(policy, "_serial", serial)
+        _SERIALS.setdefault(policy, serial)
+        return serial
+
+
 def compile_policy(policy: Policy) -> CompiledPolicy:
     """The compiled form of ``policy``, shared by every region of it (policies are values)."""
+    compiled = _compiled(policy)
+    if not policy._serial:
+        # An equal policy's compiled form, from the cache: this one takes its serial too, and
+        # keeps it when the cache drops that one (see the Note above).
+        policy_serial(policy)
+    return compiled
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(policy: Policy) -> CompiledPolicy:
     return CompiledPolicy(policy)

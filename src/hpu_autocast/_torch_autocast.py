@@ -330,6 +330,11 @@ def _by_owner(patched) -> tuple:
 
 _GROUPS = _by_owner(PATCHED)
 
+#: Called under the lock when the first region opens, after the patches above, and when the
+#: last closes: another module's patches that share this count (``_torchscript``'s).
+ON_FIRST_OPEN: list = []
+ON_LAST_CLOSE: list = []
+
 
 def _getter_pairs() -> list:
     """(torch's function, ours) for each patched torch function."""
@@ -351,6 +356,8 @@ def _acquire() -> None:
                 namespace.update(new)
             for hooks, hook in HOOKS:
                 hooks[_HOOK_KEY] = hook
+            for install in ON_FIRST_OPEN:
+                install()
         _open += 1
 
 
@@ -372,6 +379,8 @@ def _release() -> None:
                     owner = namespace.get("__name__", namespace)
                     warnings.warn(f"hpu_autocast: {owner}.{name} was replaced while a region was open; leaving the "
                                   "replacement in place", RuntimeWarning, stacklevel=3)
+        for restore in ON_LAST_CLOSE:
+            restore()
 
 
 _engine.REGION_HOOKS.append((_acquire, _release))

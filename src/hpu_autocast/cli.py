@@ -4,6 +4,7 @@
     check FILE...            validate op list files (exit status 1 and the bad names listed)
     diff PRESET PRESET       where two presets disagree
     report [flags] SCRIPT.py [args]   run a script under the mode, print the precision report
+    tune [flags] SCRIPT.py [args]     tune a policy for the script's tune_target() (docs/tuning.md)
     docs                     the reference of every preset (docs/policies.md)
 """
 
@@ -15,7 +16,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from . import _report_cli
+from . import _report_cli, _tune_cli
 from .builder import policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_docs)
 
     _report_cli.add_parser(sub)
+    _tune_cli.add_parser(sub)
     return parser
 
 

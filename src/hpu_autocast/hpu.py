@@ -11,13 +11,15 @@ The Gaudi names used here, as documented at docs.habana.ai:
   ``core.mark_step(device_str="", sync=False)`` flushes the ops accumulated in lazy mode.
 * ``habana_frameworks.torch.hpu``: ``is_available()``, and ``wrap_in_hpu_graph(module, ...)``
   (defined in ``habana_frameworks.torch.hpu.graphs``), which captures ``module.forward`` in an
-  HPU graph on its first call and replays it afterwards.
+  HPU graph on its first call for a key and replays it afterwards (the key is the inputs';
+  ``wrap_in_hpu_graph`` here adds the region's).
 * ``habana_frameworks.torch.utils.internal.is_lazy()``: lazy vs eager execution, from the
   ``PT_HPU_LAZY_MODE`` variable (read before the bridge loads).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -25,6 +27,8 @@ import sys
 import warnings
 
 import torch
+
+from . import _engine
 
 __all__ = ["backend_loaded", "hpu_importable", "default_cache_enabled", "check_dtype",
            "default_device", "lazy_mode", "mark_step", "wrap_in_hpu_graph"]
@@ -49,15 +53,18 @@ def hpu_importable() -> bool:
         return False
 
 
-def default_cache_enabled() -> bool:
-    """Autocast's cast cache: on, except on HPU where graph mode deduplicates casts (seed 000)."""
-    return not backend_loaded()
+def default_cache_enabled(device_type: str) -> bool:
+    """Autocast's cast cache for a region casting ``device_type`` tensors: on, except on HPU,
+    where graph mode deduplicates casts and the cache is always off (seed 000)."""
+    return device_type != "hpu"
 
 
-def check_dtype(dtype: torch.dtype) -> None:
-    """On HPU, float16 is not supported (seed 000)."""
-    if backend_loaded() and dtype == torch.float16:
-        raise ValueError("dtype=float16 is not supported on HPU; use dtype=torch.bfloat16")
+def check_dtype(dtype: torch.dtype, device_type: str) -> None:
+    """A region casting ``device_type`` tensors to ``dtype``: on HPU, float16 is not supported
+    (seed 000). The rule is the device's, not the process's: a CPU region in a process that
+    loaded Gaudi's bridge casts CPU tensors and may use float16."""
+    if device_type == "hpu" and dtype == torch.float16:
+        raise ValueError("dtype=float16 is not supported on HPU (device_type='hpu'); use dtype=torch.bfloat16")
 
 
 def default_device() -> str:
@@ -111,14 +118,54 @@ def mark_step(*args, **kwargs) -> None:
 
 
 def wrap_in_hpu_graph(module: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
-    """``habana_frameworks.torch.hpu.wrap_in_hpu_graph(module, *args, **kwargs)``.
+    """``habana_frameworks.torch.hpu.wrap_in_hpu_graph(module, *args, **kwargs)``, with the
+    calling context's region state part of what selects a graph.
 
-    The graph is captured on the first call (per input shapes) and replayed afterwards without
-    running Python, so the casts of an ``HpuAutocastMode`` active at capture are part of the
-    graph: call the wrapped module inside the same kind of region every time.
+    [Note: one HPU graph per region state]
+    The bridge captures ``module.forward`` on the first call for a key and replays the device
+    graph afterwards without running Python. Its key (``input_hash`` in the bridge's
+    ``hpu/graphs.py``) holds the inputs' shapes and views, other arguments by value, and native
+    HPU autocast's on/off state, nothing of this package's regions; yet the casts a region
+    makes during the capture are part of the graph. So this passes the region's state (what
+    ``torch.compile`` is guarded on: policy, dtype, device, on/off; ``_engine.GUARD``) to the
+    bridge as one more keyword argument, which the bridge hashes by value and the wrapped
+    forward drops: each region state gets a capture of its own, and a graph captured in a
+    bfloat16 region is never replayed outside it, under another policy or dtype, or in a
+    disabled region. No region and a disabled one are one state (nothing is cast).
+
+    Each state's graphs are held on the device until ``module.clear_cache()`` (the bridge's),
+    as the bridge holds one per input shape: ``max_graphs=`` bounds them all together (a call
+    for a new key past the bound runs ``forward`` uncaptured, with its region's casts). A
+    region that observes (``record=True``, ``verbose=True``, ``observer=``) runs ``forward``
+    itself, uncaptured, so the observer sees its calls (a replay would show none).
 
     Raises ``ModuleNotFoundError`` naming ``habana_frameworks.torch`` when it is not installed.
     """
     if not hpu_importable():
         raise ModuleNotFoundError(f"hpu_autocast.hpu.wrap_in_hpu_graph: {_MISSING}", name=_MODULE)
-    return importlib.import_module(_MODULE + ".hpu").wrap_in_hpu_graph(module, *args, **kwargs)
+    bridge = importlib.import_module(_MODULE + ".hpu")
+
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def captured(*a, **kw):
+        kw.pop(_REGION_KEYWORD, None)
+        return forward(*a, **kw)
+
+    module.forward = captured
+    wrapped = bridge.wrap_in_hpu_graph(module, *args, **kwargs)  # replaces module.forward
+    replay = wrapped.forward
+
+    @functools.wraps(forward)
+    def keyed(*a, **kw):
+        if _engine.observing():
+            return forward(*a, **kw)
+        state = _engine.GUARD.token if _engine.current().enabled else ""
+        return replay(*a, **kw, **{_REGION_KEYWORD: state})
+
+    wrapped.forward = keyed
+    return wrapped
+
+
+#: The keyword argument that carries the region's state to the bridge's graph key.
+_REGION_KEYWORD = "hpu_autocast_region"

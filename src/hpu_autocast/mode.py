@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-from . import _engine, _torch_autocast, hpu  # noqa: F401 (_torch_autocast hooks into the engine)
+from . import _engine, _torch_autocast, _torchscript, hpu  # noqa: F401 (_torch_autocast, _torchscript hook into the engine)
 from ._table import compile_policy
 from .builder import as_policy as _as_policy
 from .events import Event
@@ -65,13 +65,15 @@ class HpuAutocastMode:
             process runs on (``hpu`` on Gaudi, else ``cuda`` when available, else ``cpu``).
         enabled: ``False`` turns casting off for the body, also inside an enabled region.
         cache_enabled: reuse casts of float32 leaves that require grad within the outermost
-            region, as ``torch.autocast`` does. ``None`` means on, except on HPU where Gaudi's
-            graph mode does this and autocast's cache is always off (seed 000).
+            region, as ``torch.autocast`` does. ``None`` means on, except in a region on HPU
+            (``device_type="hpu"``), where Gaudi's graph mode does this and autocast's cache is
+            always off (seed 000).
         observer: called with an ``hpu_autocast.events.Event`` for each call the engine decides
             on (see ``events.py``); ``verbose=True`` logs them, ``record=True`` keeps a report.
 
     Usable as a context manager or a decorator. Regions nest (the innermost wins) and belong to
-    the context that entered them: a thread, or an asyncio task.
+    the context that entered them: a thread, or an asyncio task. A mode copies and pickles as
+    its settings: the copy is a new mode, not entered.
     """
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
@@ -89,7 +91,6 @@ class HpuAutocastMode:
         self.record = record
         if cache_enabled is not None:
             _check_flag("cache_enabled", cache_enabled)
-        on_hpu = hpu.backend_loaded()
         if observer is not None and not callable(observer):
             raise TypeError(f"HpuAutocastMode: observer must be callable (it is called with each "
                             f"hpu_autocast.events.Event), got {observer!r}")
@@ -98,8 +99,6 @@ class HpuAutocastMode:
         self.policy: Optional[Policy] = _as_policy(policy) if self.enabled else None
         if self.enabled:
             self.policy.check_dtype(dtype)
-            if on_hpu:
-                hpu.check_dtype(dtype)
         self._policy_arg = policy
         if device_type is None:
             device_type = _default_device(self.policy) if self.enabled else None
@@ -107,9 +106,13 @@ class HpuAutocastMode:
             raise ValueError(f"HpuAutocastMode: unknown device_type {device_type!r}; accepted: "
                              f"{', '.join(_DEVICE_TYPES)}")
         self.device_type = device_type
+        # Note: what a device forbids follows the region's device, not the process: with Gaudi's
+        # bridge loaded, a CPU region still casts CPU tensors (float16 allowed, cache on), and an
+        # HPU region refuses float16 and never caches (seed 000; hpu.check_dtype).
+        if self.enabled:
+            hpu.check_dtype(dtype, device_type)
         self.dtype = dtype
-        # On HPU the cache is always off (hpu.default_cache_enabled; seed 000).
-        self.cache_enabled = False if on_hpu else True if cache_enabled is None else cache_enabled
+        self.cache_enabled = hpu.default_cache_enabled(device_type) and cache_enabled is not False
         self.observer = observer
         self._recorder = None
         #: The open region of each thread that entered this mode (one mode may serve several
@@ -156,6 +159,11 @@ class HpuAutocastMode:
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn`` so each call runs in a fresh region with these settings."""
+        if not callable(fn):
+            # As torch.autocast()(3): a decorator given something else returned a wrapper that
+            # failed only when called, far from the mistake.
+            raise TypeError(f"HpuAutocastMode()(fn) decorates a callable, got {fn!r} ({type(fn).__name__}); "
+                            "to cast a block, use it as a context manager: with HpuAutocastMode(...): ...")
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -168,11 +176,14 @@ class HpuAutocastMode:
 
         return wrapper
 
+    def _settings(self) -> dict:
+        """The keyword arguments that make a mode like this one (``dtype`` aside)."""
+        return dict(policy=self.policy if self.enabled else self._policy_arg, device_type=self.device_type,
+                    enabled=self.enabled, cache_enabled=self.cache_enabled, observer=self.observer,
+                    verbose=self.verbose, record=self.record)
+
     def _clone(self) -> "HpuAutocastMode":
-        return HpuAutocastMode(self.dtype, policy=self.policy if self.enabled else self._policy_arg,
-                               device_type=self.device_type, enabled=self.enabled,
-                               cache_enabled=self.cache_enabled, observer=self.observer,
-                               verbose=self.verbose, record=self.record)
+        return HpuAutocastMode(self.dtype, **self._settings())
 
     def __copy__(self) -> "HpuAutocastMode":
         return self._clone()
@@ -181,6 +192,12 @@ class HpuAutocastMode:
         # A mode is settings plus, while entered, a region of this context's: a copy is a new,
         # not yet entered mode with the same settings (policies are values, shared).
         return self._clone()
+
+    def __reduce__(self):
+        # As a copy: settings only (a region belongs to this process's context; pickled, it
+        # failed inside torch with a pybind11 message). The policy travels as a value; an
+        # observer must be picklable itself.
+        return (_mode_from_settings, (self.dtype, self._settings()))
 
     def report(self):
         """The ``PrecisionReport`` of this mode's last region (``record=True``): what ran in
@@ -195,6 +212,11 @@ class HpuAutocastMode:
     def __repr__(self) -> str:
         return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy_name!r}, device_type={self.device_type!r}, "
                 f"enabled={self.enabled}, cache_enabled={self.cache_enabled})")
+
+
+def _mode_from_settings(dtype: torch.dtype, settings: dict) -> HpuAutocastMode:
+    """The inverse of ``HpuAutocastMode.__reduce__``."""
+    return HpuAutocastMode(dtype, **settings)
 
 
 def _outer_device() -> str:

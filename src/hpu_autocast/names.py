@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch._ops import OpOverload
@@ -63,8 +63,10 @@ PYTHON_ALIASES = {
     "softmin": "softmax",
 }
 
-#: Where a name came from, for error messages: (file or None, line or None).
-Source = Tuple[Optional[str], Optional[int]]
+#: Where a name came from, for error messages: (file or None, line or None), or, for a name read
+#: from a JSON document or a dict, (file or None, key) with the key as a string
+#: (``"autocast_bf16_ops[3]"``).
+Source = Tuple[Optional[str], Optional[Union[int, str]]]
 
 
 class PolicyError(ValueError):
@@ -72,14 +74,19 @@ class PolicyError(ValueError):
 
 
 def _where(source: Optional[Source]) -> str:
-    if not source or source[0] is None:
+    if not source:
         return ""
     file, line = source
+    if isinstance(line, str):
+        return f" ({file}, key {line})" if file is not None else f" (dict key {line})"
+    if file is None:
+        return ""
     return f" ({file}, line {line})" if line is not None else f" ({file})"
 
 
 def describe(name: str, source: Optional[Source] = None) -> str:
-    """``'mm' (lower.txt, line 3)``: a name and where it came from, for messages."""
+    """``'mm' (lower.txt, line 3)``, ``'mm' (gaudi_config.json, key autocast_bf16_ops[3])`` or
+    ``'mm' (dict key autocast_bf16_ops[3])``: a name and where it came from, for messages."""
     return f"{name!r}{_where(source)}"
 
 

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten_with_path, keystr
 
 from .events import short_dtype
 
-__all__ = ["compare", "Comparison", "OutputError"]
+__all__ = ["compare", "compare_outputs", "Comparison", "OutputError"]
 
 
 @dataclass
@@ -86,18 +86,10 @@ def _error(name: str, ref: torch.Tensor, out: torch.Tensor) -> OutputError:
                        not bool(torch.isfinite(o).all()), not bool(torch.isfinite(r).all()))
 
 
-def compare(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu",
-            **mode_kwargs) -> Comparison:
-    """Run ``fn(*inputs)`` as is (float32) and under ``HpuAutocastMode(dtype, policy=policy)``,
-    and report, per floating tensor output, the max absolute and relative error and whether an
-    inf or nan appeared. Errors are measured in float64 over the elements finite in both runs."""
-    from .mode import HpuAutocastMode
-
-    rng = torch.random.get_rng_state()
-    ref = fn(*inputs)
-    torch.random.set_rng_state(rng)
-    with HpuAutocastMode(dtype, policy=policy, **mode_kwargs):
-        out = fn(*inputs)
+def compare_outputs(ref, out) -> Comparison:
+    """The errors of ``out`` against ``ref``, two results of one function (any pytree of the same
+    structure), per floating tensor of ``ref``. What ``compare`` measures, for callers that run
+    the function themselves (``tune`` runs the float32 reference once for many candidates)."""
     ref_leaves, ref_spec = tree_flatten_with_path(ref)
     out_leaves, out_spec = tree_flatten_with_path(out)
     if ref_spec != out_spec:
@@ -110,3 +102,18 @@ def compare(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="
     if not errors:
         raise ValueError("fn returned no floating tensor to compare")
     return Comparison(errors)
+
+
+def compare(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu",
+            **mode_kwargs) -> Comparison:
+    """Run ``fn(*inputs)`` as is (float32) and under ``HpuAutocastMode(dtype, policy=policy)``,
+    and report, per floating tensor output, the max absolute and relative error and whether an
+    inf or nan appeared. Errors are measured in float64 over the elements finite in both runs."""
+    from .mode import HpuAutocastMode
+
+    rng = torch.random.get_rng_state()
+    ref = fn(*inputs)
+    torch.random.set_rng_state(rng)
+    with HpuAutocastMode(dtype, policy=policy, **mode_kwargs):
+        out = fn(*inputs)
+    return compare_outputs(ref, out)

@@ -114,6 +114,8 @@ class Policy:
     #: ``c_names_only``, Python names (``iadd``) and in-place or ``out=`` ones (``add_``).
     ignored: tuple = ()
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    #: Set by ``_table.policy_serial`` (0: none yet); not part of the value.
+    _serial: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Note: frozen means frozen all the way down; callers may pass plain dicts. Keys are

@@ -1,0 +1,566 @@
+"""Tune a policy: the most lower-precision work whose outputs stay within a tolerance of float32.
+
+    >>> result = tune(model, x, dtype=torch.bfloat16, policy="hpu", tolerance=0.01)
+    >>> print(result)                        # the error before and after, and a row per op
+    >>> with HpuAutocastMode(torch.bfloat16, policy=result.policy):
+    ...     y = model(x)
+    >>> result.write_lists("lists")          # Gaudi's list files
+    >>> result.write_gaudi_config("gaudi_config.json")
+
+``tune`` runs ``fn(*inputs)`` in float32 once, then under candidate policies, each the start
+policy with some ops moved to its FP32 list (a lowered op, a promote op, or an op on no list
+that ran in the lower dtype), and measures each run against the float32 one. The ops it may
+move are those the start policy ran in the lower dtype; it never moves an op the other way.
+
+[Note: the search]
+An op is a "unit" here: an op name as a list file holds it (``mean``, ``add``), all its
+functional overloads at once, which is what Gaudi's bridge reads. ``E(S)`` is the error of
+the run with the units of ``S`` moved to float32. Units with matmul/conv FLOPs (the report's
+FLOPs, ``report.py``) are "GEMMs"; the "floor" is every other unit moved, the GEMMs alone in
+lower precision.
+
+1. Sensitivity (when the budget allows, 2n + 2 runs for n units): ``E(all)``, ``E(floor)``,
+   and per unit ``moved alone``, ``E({u})``, and ``alone lower``, the error with ``u`` the only
+   op in lower precision besides the GEMMs (``E(floor - {u})``; for a GEMM, ``E(all - {u})``).
+   ``alone lower`` is what finds ops that matter only together: a promote op that keeps a
+   value in bfloat16 and a lowered reduction after it each leave the error as it was when
+   moved alone, but each alone in bfloat16, with everything else in float32, brings it back.
+2. Reach: the units in order, every non-GEMM first (most harmful alone in lower precision
+   first, then most helpful moved alone), then the GEMMs (most harm per FLOP first); a binary
+   search for the shortest prefix within tolerance, where a prefix no longer than the floor is
+   looked for first when the floor meets it. So whenever keeping only the GEMMs in lower
+   precision meets the tolerance, no GEMM is moved.
+3. Prune: put moved units back while the tolerance holds: the GEMMs one at a time, most FLOPs
+   first, then the others by delta debugging (ddmin: halves, quarters, ... single units, least
+   harmful first), again until nothing changes. What is left is 1-minimal: putting back any
+   one moved unit breaks the tolerance, so a pair that only works together stays together.
+
+Every run counts against ``max_runs`` (the float32 reference, its rerun, the start policy
+included); a set measured once is never run again. Out of runs, the search stops with the best
+policy that met the tolerance so far. Nothing is random: ties are broken by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import torch
+from torch._ops import OpOverload
+
+from . import _ops
+from .builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
+from .events import short_dtype
+from .names import PolicyError, resolve
+from .numerics import compare_outputs
+from .policy import CastPolicy, Policy
+from .mode import HpuAutocastMode
+from .report import Recorder, _table
+
+__all__ = ["tune", "TuneResult", "TuneRow", "LOWER_FILE", "FP32_FILE"]
+
+#: The names ``TuneResult.write_lists`` gives its files (optimum-habana's own are
+#: ``bf16_ops.txt`` / ``fp32_ops.txt``; the lists are for any lower dtype).
+LOWER_FILE = "lower_ops.txt"
+FP32_FILE = "fp32_ops.txt"
+
+#: Ops that ran in the lower dtype but are never moved: ``_to_copy`` is a cast (autograd's
+#: casting gradients back, a user's ``.to()``), and on the FP32 list it would cast to what its
+#: ``dtype`` says all the same.
+_NEVER_MOVED = frozenset({"_to_copy"})
+
+_LOG = logging.getLogger("hpu_autocast.tune")
+
+Moved = FrozenSet[str]
+
+
+# --- what may move -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Unit:
+    """An op name the search may move to the FP32 list, and how the start policy ran it."""
+
+    name: str               #: as a list file holds it: ``mean``, ``mylib::op``
+    ran_as: str             #: the start run's decision: ``lower``, ``promote``, ``not listed``, ...
+    calls: int              #: calls that computed in the lower dtype
+    flops: Optional[int]    #: matmul/conv FLOPs of those calls; ``None``: not matmul/conv-like
+
+    @property
+    def gemm(self) -> bool:
+        return self.flops is not None
+
+
+def _unit_name(op: OpOverload) -> str:
+    """The list name covering ``op``'s packet: ``mean`` (aten), ``mylib::op`` (others)."""
+    base = _ops.op_base_name(op)
+    return base if op.namespace == "aten" else f"{op.namespace}::{base}"
+
+
+def _units(report, dtype: torch.dtype) -> List[_Unit]:
+    """The units of a start run's ``PrecisionReport``, in order of first call: every functional
+    op that computed in ``dtype`` by the policy's decision or by its inputs (not listed)."""
+    low = short_dtype(dtype)
+    found: Dict[str, list] = {}
+    for row in report.rows:
+        if row.compute != low or row.action.startswith("ineligible") or row.action == "native":
+            continue
+        op = _ops.overload_named(row.op)
+        if op is None or not _ops.is_functional(op) or _ops.op_base_name(op) in _NEVER_MOVED:
+            continue
+        entry = found.setdefault(_unit_name(op), [[], 0, None])
+        if row.action not in entry[0]:
+            entry[0].append(row.action)
+        entry[1] += row.calls
+        if row.flops is not None:
+            entry[2] = (entry[2] or 0) + row.flops
+    return [_Unit(name, "/".join(actions), calls, flops) for name, (actions, calls, flops) in found.items()]
+
+
+# --- policies as list names ----------------------------------------------------------------------
+
+def _spelled(op: OpOverload) -> str:
+    """``aten::add.Tensor``: one overload, as a list file may name it."""
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def _applied(name: str, policy: Policy) -> FrozenSet[OpOverload]:
+    """The overloads a list name puts on ``policy``'s lists (``with_lists``' rule)."""
+    ops = resolve(name)
+    if policy.c_names_only:
+        ops = [op for op in ops if not (_ops.is_inplace(op) or _ops.is_out(op))]
+    return frozenset(ops)
+
+
+def _list_names(policy: Policy, action: CastPolicy) -> List[Tuple[str, str]]:
+    """``policy``'s list of ``action`` as ``(name, unit)`` pairs whose names give back exactly its
+    overloads: a packet's name where the policy lists all the overloads it stands for
+    (``mean``), else each overload spelled out (``aten::add.Tensor``)."""
+    groups: Dict[str, List[OpOverload]] = {}
+    for op in policy.ops(action):
+        groups.setdefault(_unit_name(op), []).append(op)
+    out = []
+    for unit, ops in sorted(groups.items()):
+        try:
+            whole = _applied(unit, policy)
+        except PolicyError:
+            whole = frozenset()
+        out += [(unit, unit)] if whole == frozenset(ops) else [(_spelled(op), unit) for op in ops]
+    return out
+
+
+class _Lists:
+    """The start policy's lower and FP32 lists, and the policy with units moved."""
+
+    def __init__(self, start: Policy) -> None:
+        self.start = start
+        self.lower = _list_names(start, CastPolicy.LOWER)
+        self.fp32 = _list_names(start, CastPolicy.FP32)
+        self._policies: Dict[Moved, Policy] = {}
+
+    def names(self, moved: Moved) -> Tuple[List[str], List[str]]:
+        """The lower and FP32 lists with ``moved`` on the FP32 one, each sorted by name."""
+        lower = [n for n, unit in self.lower if unit not in moved]
+        fp32 = [n for n, unit in self.fp32 if unit not in moved] + list(moved)
+        return sorted(lower), sorted(fp32)
+
+    def policy(self, moved: Moved) -> Policy:
+        if not moved:
+            return self.start
+        if moved not in self._policies:
+            lower, fp32 = self.names(moved)
+            self._policies[moved] = with_lists(self.start, lower=lower, fp32=fp32)
+        return self._policies[moved]
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+class _OutOfRuns(Exception):
+    """``max_runs`` runs were made."""
+
+
+class _Runner:
+    """Runs ``fn(*inputs)`` (each run from the same RNG state), counts the runs, and measures
+    a run's outputs against the float32 reference with the metric."""
+
+    def __init__(self, fn: Callable, inputs: tuple, dtype: torch.dtype, device_type: Optional[str],
+                 metric: Optional[Callable], max_runs: int, progress: Optional[Callable[[str], None]]) -> None:
+        self.fn, self.inputs, self.dtype, self.device_type = fn, inputs, dtype, device_type
+        self.metric, self.max_runs, self.progress = metric, max_runs, progress
+        self.runs = 0
+        self.ref = None
+        self._rng = torch.random.get_rng_state()
+
+    def call(self, policy: Optional[Policy], observer=None):
+        if self.runs >= self.max_runs:
+            raise _OutOfRuns
+        self.runs += 1
+        torch.random.set_rng_state(self._rng)
+        if policy is None:
+            return self.fn(*self.inputs)
+        with HpuAutocastMode(self.dtype, policy=policy, device_type=self.device_type, observer=observer):
+            return self.fn(*self.inputs)
+
+    def error(self, out) -> float:
+        """The metric of ``out`` against the reference; an inf or nan the reference does not
+        have (default metric) or a nan metric is an infinite error."""
+        if self.metric is None:
+            c = compare_outputs(self.ref, out)
+            return math.inf if c.nonfinite else c.max_rel
+        value = self.metric(self.ref, out)
+        try:
+            value = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"tune: metric must return a float (smaller is better), got {value!r}") from None
+        return math.inf if math.isnan(value) else value
+
+    def say(self, line: str) -> None:
+        _LOG.info("%s", line)
+        if self.progress is not None:
+            self.progress(line)
+
+
+# --- the search ----------------------------------------------------------------------------------
+
+class _Search:
+    """The search of the module's Note over units and an error function of moved sets."""
+
+    def __init__(self, units: Sequence[_Unit], error: Callable[[Moved], float], tolerance: float,
+                 runs_left: Callable[[], int], say: Callable[[str], None] = lambda line: None) -> None:
+        self.units = list(units)
+        self.by_name = {u.name: u for u in self.units}
+        self._error = error
+        self.tolerance = tolerance
+        self.runs_left = runs_left
+        self.say = say
+        self.errors: Dict[Moved, float] = {}
+        self.alone_moved: Dict[str, float] = {}
+        self.alone_lower: Dict[str, float] = {}
+        self.best: Optional[Moved] = None     # the best set within tolerance so far
+        self.reached: Optional[Moved] = None  # the prefix the reach phase found
+        self.exhausted = False
+
+    def error(self, moved: Moved, phase: str, what: Optional[str] = None) -> float:
+        """``E(moved)``, run once; ``phase`` and ``what`` (default: the moved ops) name the run
+        in the progress line."""
+        if moved not in self.errors:
+            e = self.errors[moved] = self._error(moved)
+            if what is None:
+                what = "moved " + (", ".join(sorted(moved)) if len(moved) <= 4 else f"{len(moved)} ops")
+            self.say(f"{phase}: {what} -> error {e:.3e}")
+            if e <= self.tolerance and (self.best is None or self._cost(moved) < self._cost(self.best)):
+                self.best = moved
+        return self.errors[moved]
+
+    def ok(self, moved: Moved, phase: str) -> bool:
+        return self.error(moved, phase) <= self.tolerance
+
+    def _cost(self, moved: Moved) -> tuple:
+        """Lower is better: matmul/conv FLOPs moved, then units moved, then the error."""
+        flops = sum(self.by_name[n].flops or 0 for n in moved)
+        return flops, len(moved), self.errors.get(moved, math.inf), sorted(moved)
+
+    def run(self, start_error: float) -> Moved:
+        self.errors[frozenset()] = start_error
+        if start_error <= self.tolerance:
+            return frozenset()
+        try:
+            order = self._order()
+            self.reached = self._reach(order)
+            # Prune what the reach found, then whatever cheaper set within tolerance the runs
+            # met on the way, until the best set is one the prune has been through.
+            pruned = set()
+            candidate = self.reached
+            while candidate is not None and candidate not in pruned:
+                pruned |= {candidate, self._prune(candidate, order)}
+                candidate = self.best
+        except _OutOfRuns:
+            self.exhausted = True
+        if self.best is not None:
+            return self.best
+        # Nothing met the tolerance: the least error measured.
+        return min(self.errors, key=lambda m: (self.errors[m], self._cost(m)))
+
+    def _order(self) -> List[_Unit]:
+        units = self.units
+        n = len(units)
+        everything = frozenset(u.name for u in units)
+        floor = frozenset(u.name for u in units if not u.gemm)
+        self.error(everything, "all moved", f"all {n} ops in float32")
+        if floor != everything:
+            self.error(floor, "floor", "only the matmul/conv ops in lower precision")
+        # Sensitivity takes 2n runs, and leaves room for the reach and the prune (about
+        # n + log2(n) + 2), or is left out.
+        if self.runs_left() >= 2 * n + n + n.bit_length() + 2:
+            for u in units:
+                self.alone_moved[u.name] = self.error(frozenset({u.name}), "moved alone", u.name)
+            for u in units:
+                rest = (everything if u.gemm else floor) - {u.name}
+                with_gemms = "" if u.gemm or floor == everything else " (and the matmul/conv ops)"
+                self.alone_lower[u.name] = self.error(rest, "alone lower", u.name + with_gemms)
+        harm = lambda u: self.alone_lower.get(u.name, 0.0)  # noqa: E731
+        helped = lambda u: self.alone_moved.get(u.name, 0.0)  # noqa: E731
+        others = sorted((u for u in units if not u.gemm), key=lambda u: (-harm(u), helped(u), -u.calls, u.name))
+        gemms = sorted((u for u in units if u.gemm),
+                       key=lambda u: (-harm(u) / max(u.flops, 1), u.flops, u.name))
+        return others + gemms
+
+    def _reach(self, order: List[_Unit]) -> Optional[Moved]:
+        """The shortest prefix of ``order`` within tolerance (a binary search; the prefix with
+        nothing moved is known to fail), or ``None`` when moving everything does not reach it."""
+        prefix = lambda k: frozenset(u.name for u in order[:k])  # noqa: E731
+        k_floor = sum(1 for u in order if not u.gemm)
+        if self.ok(prefix(k_floor), "search"):
+            lo, hi = 0, k_floor
+        elif self.ok(prefix(len(order)), "search"):
+            lo, hi = k_floor, len(order)
+        else:
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.ok(prefix(mid), "search"):
+                hi = mid
+            else:
+                lo = mid
+        return prefix(hi)
+
+    def _prune(self, moved: Moved, order: List[_Unit]) -> Moved:
+        rank = {u.name: i for i, u in enumerate(order)}
+        while True:
+            before = moved
+            for g in sorted((self.by_name[n] for n in moved if self.by_name[n].gemm),
+                            key=lambda u: (-u.flops, u.name)):
+                if self.ok(moved - {g.name}, "prune"):
+                    moved = moved - {g.name}
+            others = sorted((n for n in moved if not self.by_name[n].gemm), key=lambda n: -rank[n])
+            moved = self._ddmin(moved, others)
+            if moved == before:
+                return moved
+
+    def _ddmin(self, moved: Moved, items: List[str]) -> Moved:
+        """Put back as many of ``items`` (units of ``moved``, the first the first to try) as the
+        tolerance allows: chunks of halves, quarters, ... down to single units."""
+        n = 2
+        while items:
+            size = math.ceil(len(items) / min(n, len(items)))
+            chunks = [items[i:i + size] for i in range(0, len(items), size)]
+            for chunk in chunks:
+                candidate = moved - frozenset(chunk)
+                if self.ok(candidate, "prune"):
+                    moved, items = candidate, [i for i in items if i not in chunk]
+                    n = max(n - 1, 2)
+                    break
+            else:
+                if size == 1:
+                    return moved
+                n = min(2 * n, len(items))
+        return moved
+
+
+# --- the result ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TuneRow:
+    """One op the search could move: how the start policy ran it, what the sensitivity runs
+    measured, and what the search did with it."""
+
+    op: str                              #: the list name: ``mean``
+    ran_as: str                          #: the start run's decision: ``lower``, ``promote``, ``not listed``
+    calls: int                           #: calls that computed in the lower dtype in the start run
+    flops: Optional[int]                 #: their matmul/conv FLOPs (``None``: not matmul/conv-like)
+    moved_alone: Optional[float]         #: error with only this op moved to float32
+    alone_lower: Optional[float]         #: error with only this op (and the matmul/conv ops) lower
+    moved: bool                          #: on the tuned policy's FP32 list
+    why: str
+
+
+def _fmt(e: Optional[float]) -> str:
+    return "-" if e is None else f"{e:.1e}"
+
+
+class TuneResult:
+    """What ``tune`` found: ``policy`` (a ``Policy``), its measured ``error``, the ops it
+    ``moved`` to float32, a row per op it could move (``rows``, printed by ``str()``), the
+    number of ``runs``, and writers for Gaudi's list files and optimum-habana's
+    ``gaudi_config.json``."""
+
+    def __init__(self, *, policy: Policy, start: Policy, dtype: torch.dtype, tolerance: float, error: float,
+                 start_error: float, moved: Tuple[str, ...], rows: Tuple[TuneRow, ...], lower: Tuple[str, ...],
+                 fp32: Tuple[str, ...], runs: int, max_runs: int, exhausted: bool, flops: Tuple[int, int]) -> None:
+        self.policy = policy
+        self.start = start
+        self.dtype = dtype
+        self.tolerance = tolerance
+        self.error = error
+        self.start_error = start_error
+        self.moved = moved
+        self.rows = rows
+        #: The tuned policy's lists, as list files hold them (sorted names).
+        self.lower_list = lower
+        self.fp32_list = fp32
+        self.runs = runs
+        self.max_runs = max_runs
+        #: The search ran out of runs before it finished (the result is the best found).
+        self.exhausted = exhausted
+        #: ``(kept lower, ran lower at the start)``: matmul/conv FLOPs.
+        self.flops = flops
+
+    @property
+    def met(self) -> bool:
+        """Whether ``error`` is within the tolerance."""
+        return self.error <= self.tolerance
+
+    def gaudi_config(self) -> dict:
+        """optimum-habana's ``GaudiConfig`` fields for this policy: autocast on, with its lists."""
+        return {"use_torch_autocast": True, "autocast_bf16_ops": list(self.lower_list),
+                "autocast_fp32_ops": list(self.fp32_list)}
+
+    def write_gaudi_config(self, path: "os.PathLike[str] | str") -> str:
+        """Write ``gaudi_config()`` as JSON to ``path`` (a ``gaudi_config.json``); returns the path."""
+        path = os.fspath(path)
+        with open(path, "w") as f:
+            f.write(json.dumps(self.gaudi_config(), indent=2) + "\n")
+        return path
+
+    def write_lists(self, directory: "os.PathLike[str] | str" = ".") -> Tuple[str, str]:
+        """Write the lower and FP32 lists, one op per line, as ``lower_ops.txt`` and
+        ``fp32_ops.txt`` in ``directory`` (made if missing); returns the two paths. Point
+        ``PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST`` and ``PT_HPU_AUTOCAST_FP32_OPS_LIST`` at them
+        (``environment``): on Gaudi, and here for a mode with the default policy, they replace
+        the ``hpu`` lists."""
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        paths = os.path.join(directory, LOWER_FILE), os.path.join(directory, FP32_FILE)
+        for path, names in zip(paths, (self.lower_list, self.fp32_list)):
+            with open(path, "w") as f:
+                f.writelines(n + "\n" for n in names)
+        return paths
+
+    @staticmethod
+    def environment(lower_path: str, fp32_path: str) -> Dict[str, str]:
+        """The variables that make Gaudi (and the ``hpu`` preset here) read the two list files."""
+        return {ENV_LOWER: os.path.abspath(lower_path), ENV_FP32: os.path.abspath(fp32_path)}
+
+    def _summary(self) -> List[str]:
+        low = short_dtype(self.dtype)
+        state = "within" if self.met else "NOT within"
+        lines = [f"hpu_autocast tune: policy {self.start.name} -> {self.policy.name}, dtype {low}, "
+                 f"tolerance {self.tolerance:.1e}",
+                 f"error: {self.start_error:.3e} at the start -> {self.error:.3e}, {state} tolerance",
+                 f"moved to fp32: {', '.join(self.moved) if self.moved else 'nothing'}"]
+        kept, total = self.flops
+        if total:
+            lines.append(f"matmul/conv FLOPs in {low}: {kept} of {total} ({100 * kept / total:.1f}%)")
+        budget = " (out of runs: the best found so far)" if self.exhausted else ""
+        lines.append(f"runs: {self.runs} of max_runs={self.max_runs}{budget}")
+        return lines
+
+    _HEADER = ["op", "ran as", "calls", "FLOPs", "moved alone", "alone lower", "result", "why"]
+
+    def __str__(self) -> str:
+        cells = [[r.op, r.ran_as, str(r.calls), "-" if r.flops is None else str(r.flops), _fmt(r.moved_alone),
+                  _fmt(r.alone_lower), "fp32" if r.moved else "kept", r.why] for r in self.rows]
+        lines = self._summary()
+        if cells:
+            lines += ["", *_table(self._HEADER, cells, {2, 3, 4, 5})]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"TuneResult(policy={self.policy.name!r}, error={self.error:.3e}, tolerance={self.tolerance:.1e}, "
+                f"moved={list(self.moved)}, runs={self.runs})")
+
+
+def _why(search: _Search, unit: _Unit, moved: Moved, low: str) -> str:
+    """The why column: what the runs said about moving ``unit``."""
+    if search.errors[frozenset()] <= search.tolerance:
+        return "the start is within tolerance"
+    if search.errors[moved] > search.tolerance:
+        return "tolerance not met: this is the least error measured"
+    if unit.name in moved:
+        back = search.errors.get(moved - {unit.name})
+        return "moved; not tried back (out of runs)" if back is None else f"needed: back in {low}, error {back:.1e}"
+    if search.reached is not None and unit.name in search.reached:
+        return "not needed (put back)"
+    return "not needed"
+
+
+# --- the entry point -----------------------------------------------------------------------------
+
+def _check_args(fn, tolerance, metric, max_runs, progress) -> float:
+    if not callable(fn):
+        raise TypeError(f"tune: fn must be callable, got {fn!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
+            or not math.isfinite(tolerance) or tolerance < 0:
+        raise ValueError(f"tune: tolerance must be a finite number >= 0 (an error such as 0.01), got {tolerance!r}")
+    if metric is not None and not callable(metric):
+        raise TypeError(f"tune: metric must be None (the max normwise relative error) or a callable "
+                        f"metric(reference_outputs, outputs) -> float, got {metric!r}")
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 3:
+        raise ValueError(f"tune: max_runs must be an int >= 3 (the float32 reference, its rerun and the "
+                         f"start policy take three), got {max_runs!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"tune: progress must be None or a callable taking one line of text, got {progress!r}")
+    return float(tolerance)
+
+
+def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu", tolerance: float = 0.01,
+         metric: Optional[Callable] = None, max_runs: int = 200, device_type: Optional[str] = None,
+         progress: Optional[Callable[[str], None]] = None) -> TuneResult:
+    """Find the policy, starting from ``policy`` (a preset name or a ``Policy``, resolved as a
+    mode resolves it: ``"hpu"`` takes Gaudi's list variables), that keeps the most work in
+    ``dtype`` while ``fn(*inputs)`` stays within ``tolerance`` of its float32 run.
+
+    Ops move only to float32 (the policy's FP32 list), the matmul/conv ops last, as few as the
+    search can (Note: the search in this module). ``metric(reference, outputs) -> float``
+    (smaller is better) compares the float32 outputs with a candidate's; ``None`` means the
+    largest normwise relative error over the floating outputs (``compare_outputs``), infinite
+    when an inf or nan appears that float32 does not have. ``fn`` runs up to ``max_runs`` times
+    from the same RNG state: it must not change state between runs (``model.eval()``, no
+    optimizer step). ``progress`` gets one line per run (also logged at INFO to
+    ``hpu_autocast.tune``). ``device_type`` is the mode's.
+
+    Returns a ``TuneResult``; a start already within tolerance is returned unchanged
+    (``result.policy`` is the start policy).
+    """
+    tolerance = _check_args(fn, tolerance, metric, max_runs, progress)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"tune: dtype must be a torch.dtype, got {dtype!r}")
+    start = as_policy(policy)
+    start.check_dtype(dtype)
+    runner = _Runner(fn, inputs, dtype, device_type, metric, max_runs, progress)
+    low = short_dtype(dtype)
+
+    runner.ref = runner.call(None)
+    noise = runner.error(runner.call(None))
+    runner.say(f"run {runner.runs}/{max_runs}: float32 reference, run twice (difference {noise:.1e})")
+    if noise > tolerance:
+        raise ValueError(f"tune: two float32 runs of fn differ by {noise:.3e}, more than the tolerance "
+                         f"{tolerance:.1e}: fn must give the same result each run (model.eval(), no "
+                         f"optimizer step, no state kept between calls)")
+    recorder = Recorder(start.name, dtype)
+    start_error = runner.error(runner.call(start, observer=recorder))
+    runner.say(f"run {runner.runs}/{max_runs}: start ({start.name}) -> error {start_error:.3e}")
+    units = _units(recorder.report(), dtype)
+    lists = _Lists(start)
+
+    def error(moved: Moved) -> float:
+        return runner.error(runner.call(lists.policy(moved)))
+
+    def say(line: str) -> None:
+        runner.say(f"run {runner.runs}/{max_runs}: {line}")
+
+    search = _Search(units, error, tolerance, lambda: max_runs - runner.runs, say)
+    moved = search.run(start_error)
+    names = sorted(moved, key=[u.name for u in units].index)
+    rows = tuple(TuneRow(u.name, u.ran_as, u.calls, u.flops, search.alone_moved.get(u.name),
+                         search.alone_lower.get(u.name), u.name in moved, _why(search, u, moved, low)) for u in units)
+    total = sum(u.flops or 0 for u in units)
+    kept = sum(u.flops or 0 for u in units if u.name not in moved)
+    lower, fp32 = lists.names(moved)
+    return TuneResult(policy=lists.policy(moved), start=start, dtype=dtype, tolerance=tolerance,
+                      error=search.errors[moved], start_error=start_error, moved=tuple(names), rows=rows,
+                      lower=tuple(lower), fp32=tuple(fp32), runs=runner.runs, max_runs=max_runs,
+                      exhausted=search.exhausted, flops=(kept, total))

@@ -1,0 +1,295 @@
+"""``HpuAutocastPrecision``, the PyTorch Lightning plugin, with a real ``Trainer`` on CPU.
+
+The oracle is Lightning's own ``MixedPrecision`` (what ``precision="bf16-mixed"`` builds): under
+the ``torch-cpu`` preset, whose table is exactly what ``torch.autocast("cpu")`` registers, the
+same seed and data must give the same weights, predictions and loss-scale history bit for bit.
+
+Skipped where ``pytorch-lightning`` (the ``lightning`` extra) is not installed. The import
+boundary (the package never imports Lightning; the plugin's module says what is missing) is
+tested in ``tests/test_public_api.py``, which runs without Lightning.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import re
+import runpy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pl = pytest.importorskip("pytorch_lightning")
+
+from pytorch_lightning.plugins.precision import MixedPrecision  # noqa: E402
+from pytorch_lightning.utilities.exceptions import MisconfigurationException  # noqa: E402
+
+import hpu_autocast  # noqa: E402
+from hpu_autocast import PolicyError, Recorder  # noqa: E402
+from hpu_autocast.integrations.lightning import HpuAutocastPrecision  # noqa: E402
+
+# Lightning 2.6 builds torch.utils._pytree.LeafSpec, which torch 2.13 deprecates: noise from
+# between the two, not from the plugin.
+pytestmark = pytest.mark.filterwarnings(r"ignore:.isinstance\(treespec, LeafSpec\). is deprecated:FutureWarning")
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+STEPS = 4
+
+
+class Classifier(pl.LightningModule):
+    """A two-layer classifier that notes, in each step, the region in force and the dtype of the
+    network's output, and whether a region is open around backward and the optimizer step."""
+
+    def __init__(self, manual: bool = False) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        self.automatic_optimization = not manual
+        self.seen = collections.defaultdict(list)
+
+    def _forward(self, kind: str, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        self.seen[kind].append((hpu_autocast.get_dtype(), out.dtype))
+        return out
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.automatic_optimization:
+            return F.cross_entropy(self._forward("train", x), y)
+        # Two updates in one step context: the second forward must see the first update.
+        opt = self.optimizers()
+        for _ in range(2):
+            loss = F.cross_entropy(self._forward("train", x), y)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self._forward("validation", x), y)
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self._forward("test", x), y)
+
+    def predict_step(self, batch, batch_idx):
+        return self._forward("predict", batch[0])
+
+    def on_before_backward(self, loss):
+        self.seen["backward"].append(hpu_autocast.is_enabled())
+
+    def on_before_optimizer_step(self, optimizer):
+        self.seen["optimizer step"].append(hpu_autocast.is_enabled())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+class Scales(pl.Callback):
+    """The loss scale after each training batch (float16 runs)."""
+
+    def __init__(self) -> None:
+        self.history = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.history.append(trainer.precision_plugin.scaler.get_scale())
+
+
+def _loader(n: int = 32, seed: int = 1) -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    data = torch.utils.data.TensorDataset(torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g))
+    return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+def _trainer(**kwargs) -> "pl.Trainer":
+    settings = dict(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=2)
+    return pl.Trainer(**{**settings, **kwargs})
+
+
+def _run(manual: bool = False, evaluate: bool = True, **trainer_kwargs):
+    """Fit (with validation), then test and predict unless ``evaluate`` is false; the model, the
+    predictions and the trainer."""
+    pl.seed_everything(0, verbose=False)
+    model = Classifier(manual)
+    trainer = _trainer(**trainer_kwargs)
+    trainer.fit(model, _loader(), _loader(seed=2))
+    if not evaluate:
+        return model, None, trainer
+    trainer.test(model, _loader(seed=3), verbose=False)
+    predictions = trainer.predict(model, _loader(seed=4))
+    return model, predictions, trainer
+
+
+def _same_weights(a: Classifier, b: Classifier) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --- bfloat16: parity with precision="bf16-mixed" --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bf16_runs():
+    ours = _run(plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu")])
+    native = _run(precision="bf16-mixed")
+    return ours, native
+
+
+def test_bf16_fit_matches_lightning_bf16_mixed(bf16_runs):
+    (ours, ours_pred, trainer), (native, native_pred, native_trainer) = bf16_runs
+    assert type(native_trainer.precision_plugin) is MixedPrecision  # the oracle is Lightning's plugin
+    assert trainer.precision == native_trainer.precision == "bf16-mixed"
+    assert trainer.global_step == native_trainer.global_step == STEPS
+    assert _same_weights(ours, native)
+    assert len(ours_pred) == len(native_pred) == 4
+    assert all(torch.equal(a, b) for a, b in zip(ours_pred, native_pred))
+    # The region changes the run: in float32 the weights differ.
+    plain, _, _ = _run()
+    assert not _same_weights(ours, plain)
+
+
+@pytest.mark.parametrize("kind", ["train", "validation", "test", "predict"])
+def test_every_step_runs_in_the_region(bf16_runs, kind):
+    (ours, _, _), (native, _, _) = bf16_runs
+    # Each step's forward: inside our region (get_dtype), the linear's output in bfloat16.
+    assert ours.seen[kind] and set(ours.seen[kind]) == {(torch.bfloat16, torch.bfloat16)}
+    # Lightning's own plugin runs torch.autocast: bfloat16 outputs, but no region of ours.
+    assert set(native.seen[kind]) == {(None, torch.bfloat16)}
+
+
+def test_backward_and_the_optimizer_step_run_outside_the_region(bf16_runs):
+    (ours, _, _), _ = bf16_runs
+    assert ours.seen["backward"] == [False] * STEPS
+    assert ours.seen["optimizer step"] == [False] * STEPS
+
+
+def test_manual_optimization_matches_and_needs_the_cache_off():
+    # Lightning's MixedPrecision turns autocast's cast cache off, and so does the plugin: here a
+    # step updates the weights and runs forward again in one step context.
+    ours, _, _ = _run(manual=True, evaluate=False,
+                      plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu")])
+    native, _, _ = _run(manual=True, evaluate=False, precision="bf16-mixed")
+    assert _same_weights(ours, native)
+    # The control: with the cache on, the second forward reuses casts of the weights as they were.
+    cached, _, _ = _run(manual=True, evaluate=False,
+                        plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu", cache_enabled=True)])
+    assert not _same_weights(cached, native)
+
+
+# --- the hpu preset ------------------------------------------------------------------------------
+
+def test_training_under_the_hpu_preset():
+    recorder = Recorder("hpu", torch.bfloat16)
+    pl.seed_everything(0, verbose=False)
+    model = Classifier()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = _trainer(plugins=[HpuAutocastPrecision(observer=recorder)])  # bfloat16, policy "hpu"
+    trainer.fit(model, _loader(), _loader(seed=2))
+    assert trainer.global_step == STEPS and trainer.precision == "bf16-mixed"
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it trained
+    assert all(v.dtype == torch.float32 for v in model.state_dict().values())  # float32 master weights
+    assert set(model.seen["train"]) == {(torch.bfloat16, torch.bfloat16)}
+    # The observer saw every forward's two linears run in bfloat16 (Gaudi's lower list).
+    forwards = len(model.seen["train"]) + len(model.seen["validation"])
+    linear = recorder.report().by_op()["aten.linear.default"]
+    assert linear["by_action"] == {"lower": 2 * forwards}
+    # The first takes the float32 batch; the second, GELU's output of the first, in bfloat16.
+    assert linear["by_dtypes"] == {"f32,f32,f32 -> bf16": forwards, "bf16,f32,f32 -> bf16": forwards}
+
+
+def test_hpu_preset_reads_gaudis_list_variables_per_step(tmp_path, monkeypatch):
+    # Under the default preset each step's region reads PT_HPU_AUTOCAST_*: with linear moved to
+    # the FP32 list, the steps' outputs are float32.
+    (tmp_path / "fp32.txt").write_text("linear\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", str(tmp_path / "fp32.txt"))
+    pl.seed_everything(0, verbose=False)
+    model = Classifier()
+    _trainer(plugins=[HpuAutocastPrecision()]).fit(model, _loader(), _loader(seed=2))
+    assert set(model.seen["train"]) == {(torch.bfloat16, torch.float32)}
+
+
+# --- float16: Lightning's loss scaling -----------------------------------------------------------
+
+def _fp16_run(plugin):
+    scales = Scales()
+    model, predictions, trainer = _run(plugins=[plugin], callbacks=[scales], max_steps=8)
+    return model, predictions, trainer, scales.history
+
+
+def _scaler():
+    # A scale near where this model's float16 gradients overflow (such a step is skipped and the
+    # scale halves) and growth after every 2 good steps: the history moves both ways in 8 steps.
+    return torch.amp.GradScaler("cpu", init_scale=2.0 ** 18, growth_interval=2)
+
+
+def test_float16_fit_matches_lightning_16_mixed():
+    # Trainer(precision="16-mixed") on CPU falls back to bf16-mixed (Lightning warns), so the
+    # oracle is Lightning's MixedPrecision("16-mixed", "cpu") given as a plugin, with the same scaler.
+    ours, ours_pred, trainer, ours_scales = _fp16_run(HpuAutocastPrecision(torch.float16, policy="torch-cpu",
+                                                                           scaler=_scaler()))
+    native, native_pred, _, native_scales = _fp16_run(MixedPrecision("16-mixed", "cpu", scaler=_scaler()))
+    assert trainer.precision == "16-mixed"
+    assert ours_scales == native_scales
+    moves = list(zip(ours_scales, ours_scales[1:]))
+    assert any(b < a for a, b in moves) and any(b > a for a, b in moves)  # steps skipped, and grown
+    assert _same_weights(ours, native)
+    assert all(torch.equal(a, b) for a, b in zip(ours_pred, native_pred))
+    assert set(ours.seen["train"]) == {(torch.float16, torch.float16)}
+
+
+def test_float16_gets_a_scaler_and_its_state_in_checkpoints():
+    plugin = HpuAutocastPrecision(torch.float16, policy="torch-cpu")
+    assert isinstance(plugin.scaler, torch.amp.GradScaler) and plugin.scaler.is_enabled()
+    assert plugin.state_dict().keys() == {"scale", "growth_factor", "backoff_factor", "growth_interval",
+                                          "_growth_tracker"}
+    assert HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu").scaler is None
+
+
+# --- bad settings fail when the plugin is made ------------------------------------------------------
+
+def test_bad_settings_are_refused_at_once():
+    with pytest.raises(ValueError, match=r"dtype must be torch.bfloat16 or torch.float16, got torch.float32"):
+        HpuAutocastPrecision(torch.float32)
+    with pytest.raises(ValueError, match="bfloat16"):  # the hpu preset is bfloat16 only
+        HpuAutocastPrecision(torch.float16, policy="hpu")
+    with pytest.raises((PolicyError, KeyError, ValueError), match="no-such-preset"):
+        HpuAutocastPrecision(policy="no-such-preset")
+    with pytest.raises(MisconfigurationException, match="does not use a scaler"):
+        HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu", scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(TypeError, match="observer=hpu_autocast.Recorder"):
+        HpuAutocastPrecision(record=True)
+    with pytest.raises(TypeError, match="no_such_setting"):
+        HpuAutocastPrecision(no_such_setting=1)
+
+
+def test_on_gaudi_the_region_is_for_hpu_tensors_and_bfloat16_only(monkeypatch):
+    import _fake_habana
+
+    _fake_habana.install(monkeypatch)  # the bridge is loaded: this process runs on Gaudi
+    plugin = HpuAutocastPrecision()
+    mode = plugin.autocast_context_manager()
+    assert plugin.device == mode.device_type == "hpu" and plugin.scaler is None
+    assert mode.cache_enabled is False and mode is not plugin.autocast_context_manager()  # one per step
+    with pytest.raises(ValueError, match="dtype=float16 is not supported on HPU"):
+        HpuAutocastPrecision(torch.float16, policy="torch-cpu")
+
+
+def test_the_plugin_names_its_settings():
+    assert repr(HpuAutocastPrecision(policy="torch-cpu")) == \
+        "HpuAutocastPrecision(dtype=torch.bfloat16, policy='torch-cpu')"
+
+
+# --- the example -------------------------------------------------------------------------------------
+
+def test_lightning_example_runs(capsys):
+    example = runpy.run_path(os.path.join(EXAMPLES, "lightning_example.py"), run_name="example")
+    losses = example["main"](["--steps", "3"])
+    out = capsys.readouterr().out
+    printed = [float(x) for x in re.findall(r"^step \d+: loss (\S+)$", out, flags=re.M)]
+    assert len(losses) == len(printed) == 3 and all(math.isfinite(x) for x in losses)
+    assert printed == [round(x, 4) for x in losses]
+    # Its validation pass ran in the plugin's region, with the default bfloat16 and policy.
+    assert re.search(r"^validation: loss \S+, logits torch.bfloat16 \(region: policy hpu, torch.bfloat16\)$",
+                     out, flags=re.M)
