@@ -120,7 +120,8 @@ def _mm_relu(a, b):
 
 @pytest.mark.parametrize("reentrant", [True, False])
 def test_a_checkpoint_in_torch_autocast_inside_disable_casts_recomputes_as_its_forward_ran(reentrant):
-    # The forward ran in float16 under the inner torch.autocast. Was: the recomputation ran
+    # A regression of 6f3d657 (disable_casts() turns torch's casting off too): it passed on
+    # 0c27c25. The forward ran in float16 under the inner torch.autocast. Was: the recomputation ran
     # under the disabled region's state, in float32: a silently different gradient (reentrant,
     # 2.2e-3 off) or CheckpointError "Recomputed values ... have different metadata"
     # (non-reentrant). Native recomputes under the torch.autocast the forward ran in.
