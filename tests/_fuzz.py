@@ -16,7 +16,8 @@ and ``.grad`` of every leaf. Two traces must be equal, bit for bit.
 Ops, events and block openers are Python source templates, evaluated with the operands bound to
 their names. The text a failure prints (``Run.lines``, operands named ``t0``, ``t5``, ...) is
 therefore exactly what ran, and a shrunk example pastes into a script as it is (after
-``setup_source()``).
+``setup_source()``), but for ``with worker_thread(...):``, which stands for its body run in a
+new thread started and joined there.
 
 [Note: operands by position in the live pool]
 A step names its operands by integers: 0 to 5 are the six starting tensors, -1 to -3 the three
@@ -418,10 +419,20 @@ def _first(native: List[Record], ours: List[Record]) -> Optional[Tuple[str, str]
         if n.where != o.where:
             return "order", f"record {i}: native ran {n.where!r}, ours {o.where!r}"
         if not same(n.what, o.what):
-            return _kind(n.what, o.what), f"record {i}, {n.where}:\n  native: {_show(n.what)}\n  ours:   {_show(o.what)}"
+            return _kind(n.what, o.what), (f"record {i}, {n.where}:\n  native: {_show(n.what)}\n"
+                                           f"  ours:   {_show(o.what)}{_where_bits_differ(n.what, o.what)}")
     if len(native) != len(ours):
         return "length", f"native left {len(native)} records, ours {len(ours)}"
     return None
+
+
+def _where_bits_differ(native: Any, ours: Any) -> str:
+    if not (isinstance(native, Seen) and isinstance(ours, Seen) and native == ours):
+        return ""
+    i = int((native.bits.flatten() != ours.bits.flatten()).nonzero()[0])
+    n, o = (x.bits.view(x.dtype).flatten()[i].item() if x.dtype != torch.bool else bool(x.bits.flatten()[i])
+            for x in (native, ours))
+    return f"\n  first differing element: [{i}] native {n!r}, ours {o!r}"
 
 
 def _kind(native: Any, ours: Any) -> str:
@@ -489,7 +500,7 @@ class Run:
             "torch": torch, "F": F, "hpu_autocast": hpu_autocast, "HpuAutocastMode": HpuAutocastMode,
             "IDX": torch.tensor([0, 2]), "M": torch.arange(16).view(4, 4) % 3 == 0,
             "GUARDS": GUARDS, "mm_relu": mm_relu, "checkpoint": torch_checkpoint.checkpoint,
-            "worker_thread": None, "scripted": _ScriptedOnFirstCall(), **self.modules, **compiled_functions()}
+            "scripted": _ScriptedOnFirstCall(), **self.modules, **compiled_functions()}
         self._lock = threading.Lock()
 
     # The region around the body, spelled as a block of kind "region".
@@ -530,8 +541,6 @@ class Run:
     def _record(self, where: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
             value = Seen.of(value)
-        elif isinstance(value, tuple) and value and isinstance(value[0], tuple):
-            value = tuple((k, v) for k, v in value)
         with self._lock:
             self.trace.append(Record(where, value))
 
@@ -789,5 +798,7 @@ def run_both(program: Program) -> Tuple[Run, Run]:
 def describe(program: Program, ours: Run) -> str:
     """The program as it ran under the package (its region first), ready to paste after
     ``setup_source``."""
-    head = f"# seed={program.seed}: native ran the first block as torch.autocast(\"cpu\", ...)"
-    return "\n".join([head, setup_source(program), *ours.lines])
+    head = [f"# seed={program.seed}: native ran the first block as torch.autocast(\"cpu\", ...)"]
+    if any("worker_thread(" in line for line in ours.lines):
+        head.append("# with worker_thread(...): its body ran in a new thread, started and joined there")
+    return "\n".join([*head, setup_source(program), *ours.lines])
