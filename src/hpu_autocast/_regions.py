@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from . import _compile_guard, _dispatch, _torch
-from ._devices import NATIVE_AUTOCAST_DEVICES
+from ._devices import NATIVE_AUTOCAST_HERE
 from .rules import eligibility
 from ._table import CompiledPolicy, OpRule
 from .events import Event
@@ -241,7 +241,7 @@ def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
 def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
     """Devices whose torch autocast a ``disable_casts()`` turns off: all but those whose autocast
     keys this package borrowed (their state is the engine's own)."""
-    return tuple(d for d in NATIVE_AUTOCAST_DEVICES if d not in (k.ops_device, k.all_device))
+    return tuple(d for d in NATIVE_AUTOCAST_HERE if d not in (k.ops_device, k.all_device))
 
 
 def exit(region: Region) -> None:
