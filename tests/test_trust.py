@@ -382,3 +382,23 @@ def test_a_region_inside_inference_mode_casts_as_native():
 
     for o, n in zip(run(_ours(cache_enabled=True)), run(_native())):
         assert o.dtype == n.dtype and torch.equal(o, n)
+
+
+def test_disable_casts_inside_torch_autocast_without_the_cache_keeps_it_off_after():
+    # Found by the fuzzer on torch 2.4.1 (and so on 2.13): disable_casts()' exit set torch's cache
+    # flag to the region's (on) under a torch.autocast(cache_enabled=False), so the next use of
+    # a weight was served from the cache and its gradient differed from native's.
+    def run(outer, off):
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(4, 4, generator=g, requires_grad=True)
+        with outer:
+            with torch.autocast("cpu", cache_enabled=False):
+                with off:
+                    a = torch.mm(w, w)
+                b = torch.mm(w, w)
+        (a.float().sum() + b.float().sum()).backward()
+        return a, b, w.grad
+
+    ours = run(_ours(), disable_casts())
+    native = run(_native(), torch.autocast("cpu", enabled=False))
+    assert all(_same(o, n) for o, n in zip(ours, native))
