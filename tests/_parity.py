@@ -50,7 +50,8 @@ def _named(*shape: int) -> torch.Tensor:
 def _if_registered(packet: str, calls: Dict[str, Callable[[], Call]]) -> Dict[str, Call]:
     """The calls whose overload this torch's CPU autocast registers: the Dimname overloads of
     prod and index_copy are registered on torch 2.9, not on 2.13 (which has no named tensors);
-    _addmm_activation not on 2.4."""
+    _addmm_activation not on 2.4; cholesky and qr not on 2.14 (which has neither op);
+    linalg_matrix_sqrth from 2.14 on."""
     def registered(overload: str) -> bool:
         name = f"aten::{packet}" if overload == "default" else f"aten::{packet}.{overload}"
         try:
@@ -181,7 +182,7 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "view_as_complex": lambda: _one(r(3, 2)),
     "fake_quantize_per_tensor_affine": lambda: _one(r(3, 4), 0.1, 0, 0, 255),
     # --- linear algebra (float32) -----------------------------------------------------------
-    "cholesky": lambda: _one(spd()),
+    "cholesky": lambda: _if_registered("cholesky", {"default": lambda: c(spd())}),
     "cholesky_inverse": lambda: _one(chol()),
     "cholesky_solve": lambda: _one(r(3, 2), chol()),
     "inverse": lambda: _one(spd()),
@@ -191,7 +192,7 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "pinverse": lambda: _one(r(3, 4)),
     "geqrf": lambda: _one(r(4, 3)),
     "_lu_with_info": lambda: _one(spd()),
-    "qr": lambda: _one(r(4, 3)),
+    "qr": lambda: _if_registered("qr", {"default": lambda: c(r(4, 3))}),
     "svd": lambda: _one(r(4, 3)),
     "triangular_solve": lambda: _one(r(3, 2), chol(), False),
     "linalg_cond": lambda: {"default": c(spd()), "p_str": c(spd(), "fro")},
@@ -213,6 +214,7 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "linalg_svd": lambda: _one(r(4, 3), False),
     # gelsd: the default CPU driver, gelsy, is not deterministic run to run (plain float32 too).
     "linalg_lstsq": lambda: _one(r(4, 3), r(4, 2), driver="gelsd"),
+    "linalg_matrix_sqrth": lambda: _if_registered("linalg_matrix_sqrth", {"default": lambda: c(spd())}),
     # --- losses (float32) -------------------------------------------------------------------
     "binary_cross_entropy": lambda: _one(prob(3, 4), prob(3, 4)),
     "binary_cross_entropy_with_logits": lambda: _one(r(3, 4), prob(3, 4), pos(3, 4), pos(4)),

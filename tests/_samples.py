@@ -248,6 +248,7 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "linalg_tensorinv": lambda: _s(torch.linalg.tensorinv, spd(4).reshape(4, 2, 2), ind=1),
     "linalg_tensorsolve": lambda: _s(torch.linalg.tensorsolve, spd(4).reshape(2, 2, 4), r(2, 2)),
     "linalg_qr": lambda: _s(torch.linalg.qr, r(4, 3)),
+    "linalg_matrix_sqrth": lambda: _s(torch.linalg.matrix_sqrth, spd()),  # torch 2.14 on
     "linalg_svd": lambda: _s(torch.linalg.svd, r(4, 3)),
     "linalg_lstsq": lambda: _s(torch.linalg.lstsq, r(4, 3), r(4, 2)),
     # --- losses -----------------------------------------------------------------------------

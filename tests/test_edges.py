@@ -354,7 +354,7 @@ def test_report_counts_the_casts_of_a_layer_called_twice_under_no_grad():
     # Failed on 5407e8a (4 counted where 6 were made): the report had its own copy of the
     # engine's caching rule. Now it counts the casts the engine reports: under no_grad the
     # copies of weight and bias serve the second call, x (no gradient flows to it) is cast at
-    # each (_engine._cast, Note: the cast cache), so 4, as reached ATen, and as native casts.
+    # each (_cast_cache.cached_cast, Note: the cast cache), so 4, as reached ATen, and as native casts.
     lin, x = nn.Linear(4, 3), torch.randn(2, 4)
 
     def twice():

@@ -273,7 +273,9 @@ def test_on_gaudi_the_region_is_for_hpu_tensors_and_bfloat16_only(monkeypatch):
     assert plugin.device == mode.device_type == "hpu" and plugin.scaler is None
     assert mode.cache_enabled is False and mode is not plugin.autocast_context_manager()  # one per step
     with pytest.raises(ValueError, match="dtype=float16 is not supported on HPU"):
-        HpuAutocastPrecision(torch.float16, policy="torch-cpu")
+        HpuAutocastPrecision(torch.float16, policy="torch-cpu", device_type="hpu")
+    # The device's rules follow the region's device: a torch-cpu region casts CPU tensors.
+    assert HpuAutocastPrecision(torch.float16, policy="torch-cpu").device == "cpu"
 
 
 def test_the_plugin_names_its_settings():

@@ -110,7 +110,7 @@ def test_torch_cpu_lists_are_seed_003s():
     assert set(lower) <= set(cpu_data.LOWER) and set(fp32) <= set(cpu_data.FP32)
     assert set(promote) == set(cpu_data.PROMOTE)
     extra = (set(cpu_data.LOWER) - set(lower)) | (set(cpu_data.FP32) - set(fp32))
-    assert extra == {"_addmm_activation", "smooth_l1_loss"}
+    assert extra == {"_addmm_activation", "smooth_l1_loss", "linalg_matrix_sqrth"}
 
 
 # --- op by op ----------------------------------------------------------------------------------

@@ -177,25 +177,27 @@ def test_plot(tmp_path):
 
 
 def test_op_graph_marks_casts():
+    # The casts in the order they run: last argument first, as native casts them (_engine's
+    # Note [the order of casts]).
     lin, x, _ = _model()
     model = torch.nn.Sequential(lin, torch.nn.ReLU())
     assert op_graph(model, x) == """\
 digraph ops {
   node [shape=box, fontname="monospace"];
-  t0 [label="input0\\nf32[2, 4]", shape=ellipse];
-  n0 [label="cast f32 -> bf16\\nbf16[2, 4]", style=filled, fillcolor="#f4a6a6"];
+  t0 [label="0.bias\\nf32[3]", shape=ellipse];
+  n0 [label="cast f32 -> bf16\\nbf16[3]", style=filled, fillcolor="#f4a6a6"];
   t0 -> n0;
   t1 [label="0.weight\\nf32[3, 4]", shape=ellipse];
   n1 [label="cast f32 -> bf16\\nbf16[3, 4]", style=filled, fillcolor="#f4a6a6"];
   t1 -> n1;
-  t2 [label="0.bias\\nf32[3]", shape=ellipse];
-  n2 [label="cast f32 -> bf16\\nbf16[3]", style=filled, fillcolor="#f4a6a6"];
+  t2 [label="input0\\nf32[2, 4]", shape=ellipse];
+  n2 [label="cast f32 -> bf16\\nbf16[2, 4]", style=filled, fillcolor="#f4a6a6"];
   t2 -> n2;
   n3 [label="t.default\\nbf16[4, 3]", style=filled, fillcolor="#a6c8f4"];
   n1 -> n3;
   n4 [label="addmm.default\\nbf16[2, 3]", style=filled, fillcolor="#a6c8f4"];
-  n2 -> n4;
   n0 -> n4;
+  n2 -> n4;
   n3 -> n4;
   n5 [label="relu.default\\nbf16[2, 3]", style=filled, fillcolor="#a6c8f4"];
   n4 -> n5;

@@ -485,7 +485,7 @@ def test_an_exception_inside_a_region_restores_torchs_own():
 
 def test_native_autocast_is_suspended_inside_a_region_and_back_after_it():
     # mm on the region's fp32 list, on native's lower list: the region decides inside, native
-    # after. Failed with the suspension removed from _engine.enter (mm lowered inside).
+    # after. Failed with the suspension removed from _regions.enter (mm lowered inside).
     a, b = _ab()
     mm_fp32 = build_policy("mm-fp32", fp32=["mm"], device_type="cpu")
     with torch.autocast("cpu", dtype=torch.float16):

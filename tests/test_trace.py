@@ -59,23 +59,25 @@ def mm_softmax(a, b):
 def test_casts_are_nodes_and_mm_takes_bf16():
     gm = trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4), policy="hpu")
     casts = cast_nodes(gm)
-    # hpu: mm is on the lower list (both inputs cast), softmax is unlisted (runs in bf16 as given).
-    assert [(str(n.args[0]), n.meta["val"].dtype) for n in casts] == [("a_1", torch.bfloat16),
-                                                                    ("b_1", torch.bfloat16)]
+    # hpu: mm is on the lower list (both inputs cast, the last first, as native casts them),
+    # softmax is unlisted (runs in bf16 as given).
+    assert [(str(n.args[0]), n.meta["val"].dtype) for n in casts] == [("b_1", torch.bfloat16),
+                                                                    ("a_1", torch.bfloat16)]
     (mm,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default]
     assert [a.meta["val"].dtype for a in mm.args] == [torch.bfloat16, torch.bfloat16]
-    assert list(mm.args) == casts
+    assert list(mm.args) == casts[::-1]
 
 
 def test_code_reads_as_the_ops_that_ran():
     gm = trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4), policy="torch-cpu")
-    # torch-cpu: mm is on the lower list; softmax is on none of CPU autocast's lists, so it
-    # runs in the dtype it is given.
+    # torch-cpu: mm is on the lower list (b cast before a, as native: make_fx of the same
+    # function under torch.autocast("cpu") prints this text); softmax is on none of CPU
+    # autocast's lists, so it runs in the dtype it is given.
     assert gm.code.strip() == """\
 def forward(self, a_1, b_1):
-    _to_copy = torch.ops.aten._to_copy.default(a_1, dtype = torch.bfloat16);  a_1 = None
-    _to_copy_1 = torch.ops.aten._to_copy.default(b_1, dtype = torch.bfloat16);  b_1 = None
-    mm = torch.ops.aten.mm.default(_to_copy, _to_copy_1);  _to_copy = _to_copy_1 = None
+    _to_copy = torch.ops.aten._to_copy.default(b_1, dtype = torch.bfloat16);  b_1 = None
+    _to_copy_1 = torch.ops.aten._to_copy.default(a_1, dtype = torch.bfloat16);  a_1 = None
+    mm = torch.ops.aten.mm.default(_to_copy_1, _to_copy);  _to_copy_1 = _to_copy = None
     _softmax = torch.ops.aten._softmax.default(mm, -1, False);  mm = None
     return _softmax"""
 

@@ -15,6 +15,24 @@ Only Dynamo's internals offer this (``install_guard``, ``AttrSource``, ``GuardBu
 and a source for the package: ``ImportSource`` from torch 2.13, the tracing frame's
 ``import_source`` before); where a torch lacks them nothing is installed and a frame compiled
 under one policy would keep its casts under another.
+
+Dynamo's surface, all of it here (tests/internal/test_private_surface.py keeps it so), each
+imported only once Dynamo is loaded, checked present on torch 2.4.1, 2.13.0 and 2.14.1 (the
+suite on 2.13.0); "fallback" is what a torch without it gets:
+
+* ``torch._guards.TracingContext.try_get``: whether Dynamo traces (``tracing``); missing: never.
+* ``torch._dynamo.guards.install_guard``, ``GuardBuilder.EQUALS_MATCH``, ``source.AttrSource``:
+  the region guard (``install``); missing: no guard (a warning once).
+* ``torch._dynamo.source.ImportSource`` (torch >= 2.13; 2.4.1 lacks it), else the tracing frame's
+  ``import_source`` (``symbolic_convert.InstructionTranslator``): the package as a guard source.
+* ``torch._dynamo.trace_rules`` (``get_torch_obj_rule_map``, the skip lists) and
+  ``torch._dynamo.variables.torch``: the package run, not traced, and torch's getters answered for
+  a region (``skip_package``, ``settle_torch_rules``); missing: Dynamo's defaults.
+* ``torch._dynamo.utils.counters``: whether anything was compiled (``observing_opened``).
+* ``torch._dynamo.eval_frame`` stance (``torch.compiler.set_stance``'s, torch >= 2.6): observing
+  regions run compiled code eagerly; missing: compiled code runs as compiled.
+* the ``_dynamo_marked_constant`` attribute ``torch._dynamo.assume_constant_result`` sets
+  (``assume_constant``), set without importing Dynamo; ignored where Dynamo reads it not.
 """
 
 from __future__ import annotations
@@ -26,7 +44,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["tracing", "install", "observing_opened", "observing_closed"]
+__all__ = ["tracing", "install", "observing_opened", "observing_closed", "assume_constant"]
 
 _PACKAGE = "hpu_autocast"
 
@@ -226,3 +244,12 @@ def observing_closed(counted: bool) -> None:
             except RuntimeError:
                 warnings.warn("hpu_autocast: could not restore torch.compile's stance (exited inside a compiled "
                               "frame); it stays 'force_eager'", RuntimeWarning, stacklevel=4)
+
+
+def assume_constant(fn: Callable) -> Callable:
+    """Mark a getter as ``torch._dynamo.assume_constant_result`` does (the same attribute, set
+    without importing Dynamo): torch.compile then calls it while tracing and uses its answer as a
+    constant, as it does for torch's own getters, instead of tracing into the context variable
+    the answer comes from (which breaks the graph)."""
+    fn._dynamo_marked_constant = True
+    return fn

@@ -74,19 +74,55 @@ import torch
 from torch._ops import OpOverload
 from torch.library import Library, fallthrough_kernel
 
-from . import _ops
+from . import _ops, _torch
 
-__all__ = ["Keys", "keys", "ThreadSwitch", "thread_switch"]
+__all__ = ["Keys", "keys", "KeyGuard", "ThreadSwitch", "thread_switch"]
 
 _DK = torch._C.DispatchKey
-_set_included = torch._C._dispatch_tls_set_dispatch_key_included
-_set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
-_is_included = torch._C._dispatch_tls_is_dispatch_key_included
-_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_set_included = _torch.set_included
+_set_excluded = _torch.set_excluded
+_is_included = _torch.is_included
+_is_excluded = _torch.is_excluded
 
 # The autocast keys no in-tree backend uses, with the device whose backend would claim each,
 # lowest dispatch priority first (the ops key is the first free one; Note: borrowing keys).
 _CANDIDATES = (("AutocastIPU", "ipu"), ("AutocastHPU", "hpu"), ("AutocastPrivateUse1", "privateuseone"))
+
+
+# [Note: excluding keys around a call]
+# The dispatcher picks a call's kernel from its key set: the keys its tensors carry, plus the
+# calling thread's *included* set, minus the thread's *excluded* set (both thread-local, copied to
+# autograd's worker threads with ``ThreadLocalState``), highest priority first. So a call made
+# with a key excluded runs as if that key had no kernel, and only in this thread: this is how
+# native autocast's kernels leave an op's insides alone (``ExcludeDispatchKeyGuard``), and how
+# the engine does, with ``KeyGuard``. A guard *restores* each key's exclusion to what it was at
+# its entry rather than resetting it to "not excluded": calls nest (a kernel's op calls an
+# observer, which calls torch under ``keys_excluded``; a region runs inside a backward whose
+# thread inherited excluded keys), and a reset would switch a key back on inside an outer guard
+# that excluded it. (The fast path, ``_kernels._apply_plain``, resets its one key: a kernel on the
+# ops key runs only while that key is not excluded in its thread, so "not excluded" is what was
+# there; see its comment for why it does not take a guard.)
+class KeyGuard:
+    """While open, the calling thread's dispatch excludes the keys ``exclude`` and no longer
+    excludes the keys ``unexclude`` (a native autocast key switched on); on exit, each of those
+    keys is excluded exactly as it was at the entry (Note: excluding keys around a call). One
+    guard per use: it holds the state it restores."""
+
+    __slots__ = ("_keys", "_flags", "_was")
+
+    def __init__(self, exclude: tuple = (), unexclude: tuple = ()) -> None:
+        self._keys = (*exclude, *unexclude)
+        self._flags = (True,) * len(exclude) + (False,) * len(unexclude)
+
+    def __enter__(self) -> "KeyGuard":
+        self._was = tuple(map(_is_excluded, self._keys))
+        for key, flag in zip(self._keys, self._flags):
+            _set_excluded(key, flag)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for key, was in zip(self._keys, self._was):
+            _set_excluded(key, was)
 
 
 def _claimed(name: str, device: str) -> bool:
@@ -94,10 +130,10 @@ def _claimed(name: str, device: str) -> bool:
     key = getattr(_DK, name, None)
     if key is None:
         return True
-    if torch._C._dispatch_has_backend_fallback(key):
+    if _torch.has_backend_fallback(key):
         return True  # some library registered a fallback: the key is in use
     if device == "privateuseone":
-        return torch._C._get_privateuse1_backend_name() != "privateuseone"
+        return _torch.privateuse1_backend_name() != "privateuseone"
     if device == "hpu":
         return "habana_frameworks.torch" in sys.modules
     return False
@@ -115,8 +151,8 @@ def _gaudi_installed() -> bool:
 
 
 def _describe(name: str, device: str) -> str:
-    if device == "privateuseone" and torch._C._get_privateuse1_backend_name() != "privateuseone":
-        return f"{name} (PrivateUse1 backend {torch._C._get_privateuse1_backend_name()!r})"
+    if device == "privateuseone" and _torch.privateuse1_backend_name() != "privateuseone":
+        return f"{name} (PrivateUse1 backend {_torch.privateuse1_backend_name()!r})"
     if device == "hpu" and "habana_frameworks.torch" in sys.modules:
         return f"{name} (Gaudi's bridge)"
     return f"{name} (a library registered a fallback there)"
@@ -222,7 +258,7 @@ class Keys:
         through, per op (``_ops.is_view``: views and in-place views such as ``detach_``)."""
         if self._fallback_ready:
             return
-        for schema in torch._C._jit_get_all_schemas():
+        for schema in _torch.all_schemas():
             ns, _, name = schema.name.partition("::")
             qualified = f"{name}.{schema.overload_name}" if schema.overload_name else name
             try:
@@ -249,7 +285,7 @@ class Keys:
                 lib = self._lib(self._ops_libs, ns)
                 overload = op._overloadname
                 # with_keyset: the kernel gets the call's dispatch key set, to pass an op it has
-                # no rule for on below its key as a fallthrough would (_engine._make_kernel).
+                # no rule for on below its key as a fallthrough would (_kernels.make_kernel).
                 lib.impl(name if overload == "default" else f"{name}.{overload}", self._make_kernel(op),
                          self.ops_name, with_keyset=True)
                 self._registered.add(op)

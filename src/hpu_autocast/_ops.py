@@ -4,10 +4,12 @@ in-place and ``out=`` forms, and which arguments an op writes."""
 from __future__ import annotations
 
 import functools
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
+
+from . import _torch
 
 # Note: the composite batch_norm schemas do not mark their running statistics as written,
 # yet the kernels update them in place. A cast copy would swallow those writes, so they are
@@ -27,7 +29,6 @@ UNMARKED_WRITES = {
 #: bias (what Gaudi's bridge does for input-only norms), but whose CUDA kernels require the
 #: parameters in the input's dtype ("expected scalar type BFloat16 but found Float").
 PARAMS_FOLLOW_INPUT = frozenset({"layer_norm", "native_layer_norm", "group_norm", "native_group_norm"})
-MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
 
 
 #: [Note: fused fast paths] The fused kernels PyTorch's modules call on their inference fast
@@ -164,7 +165,7 @@ def all_overloads(namespace: str = "aten") -> Iterator[OpOverload]:
     dispatcher's own table is complete.
     """
     prefix = namespace + "::"
-    for qualified in sorted(torch._C._dispatch_get_all_op_names()):
+    for qualified in sorted(_torch.all_op_names()):
         if not qualified.startswith(prefix):
             continue
         base, _, overload = qualified[len(prefix):].partition(".")
@@ -181,7 +182,16 @@ def has_kernel(op: OpOverload, key: str) -> bool:
     """Whether ``op`` has a kernel for dispatch key ``key`` (False for TorchScript-only
     overloads such as ``aten::einsum.sublist``, which the dispatcher does not know)."""
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+        return _torch.has_kernel_for(op.name(), key)
     except RuntimeError:
         return False
 
+
+
+def registered_for(key: str, namespace: str = "aten") -> List[OpOverload]:
+    """The overloads of ``namespace`` with a kernel registered for dispatch key ``key`` (such as
+    ``"AutocastCPU"``), from the dispatcher's own list, sorted by name."""
+    prefix = namespace + "::"
+    ops = (overload_named(q) for q in _torch.registrations_for(key)
+           if q.startswith(prefix))
+    return sorted((op for op in ops if op is not None), key=str)

@@ -16,7 +16,8 @@ from typing import Dict, Optional
 import torch
 from torch._ops import OpOverload
 
-from . import _ops
+from . import _ops, _torch
+from ._devices import MIXED_PARAMS_DEVICES
 from .policy import CastPolicy, Policy
 
 __all__ = ["OpRule", "CompiledPolicy", "compile_policy"]
@@ -41,7 +42,7 @@ class OpRule:
         #: The same by name: a keyword argument (``out=``) is never replaced by a cast copy either.
         self.written_names = frozenset(name for _, name in written)
         #: The written arguments the op returns (an in-place ``self``, ``out=``), by name: the op
-        #: computes into copies in its dtype, written back into them (``_engine._write_back``).
+        #: computes into copies in its dtype, written back into them (``_inplace.write_back``).
         self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
@@ -55,7 +56,7 @@ class OpRule:
         #: ``None``): the kernel registered there casts as it was registered to.
         self.native = native
         #: LOWER or FP32 with nothing else to consider (no written argument, no dtype argument,
-        #: no input-only rule, no ban): the engine's fast path (``_engine._apply_plain``).
+        #: no input-only rule, no ban): the engine's fast path (``_kernels._apply_plain``).
         self.plain = (action in (CastPolicy.LOWER, CastPolicy.FP32) and not self.protected and not self.takes_dtype
                       and not input_only and banned is None and native is None)
 
@@ -63,7 +64,7 @@ class OpRule:
         """Whether a call on ``device_type`` casts its first tensor alone (weight and bias keep
         their dtype)."""
         if self.params_follow:
-            return device_type in _ops.MIXED_PARAMS_DEVICES
+            return device_type in MIXED_PARAMS_DEVICES
         return self.input_only
 
     def __repr__(self) -> str:
@@ -111,13 +112,12 @@ class CompiledPolicy:
         key = self.policy.native
         if key is None:
             return []
-        impls = getattr(torch.library, "_impls", None)
-        epoch = len(impls) if impls is not None else 0
+        epoch = _torch.python_registrations() or 0
         if epoch == self._native_epoch:
             return []
         self._native_epoch = epoch
         added = []
-        for name in torch._C._dispatch_get_registrations_for_dispatch_key(key):
+        for name in _torch.registrations_for(key):
             if name.startswith("aten::"):
                 continue
             op = _ops.overload_named(name)

@@ -67,7 +67,7 @@ import torch
 import torch.optim.optimizer as _optimizer
 import torch.utils.checkpoint as _checkpoint
 
-from . import _compile_guard, _engine
+from . import _compile_guard, _engine, _torch
 
 __all__ = ["PATCHED", "HOOKS"]
 
@@ -78,7 +78,7 @@ def _frame_for(device: Optional[str]) -> Optional[_engine.Frame]:
     """The calling context's innermost frame if it owns autocast for ``device``: a region with a
     policy (a disabled one, ``disable_casts``, owns nothing) whose device type it is."""
     if _compile_guard.tracing():
-        # Dynamo runs the getters below as constants (see _constant_for_dynamo): the frame it
+        # Dynamo runs the getters below as constants (see _compile_guard.assume_constant): the frame it
         # compiles depends on the region's state, so it is guarded on it.
         _compile_guard.install()
     frame = _engine.innermost()
@@ -186,17 +186,8 @@ class _CheckpointFunction:
         return getattr(_real["CheckpointFunction"], name)
 
 
-def _constant_for_dynamo(fn: Callable) -> Callable:
-    """Mark a getter as ``torch._dynamo.assume_constant_result`` does (the same attribute, set
-    without importing Dynamo): torch.compile then calls it while tracing and uses its answer as a
-    constant, as it does for torch's own getters, instead of tracing into the context variable
-    the answer comes from (which breaks the graph). The call installs the region guard."""
-    fn._dynamo_marked_constant = True
-    return fn
-
-
 for _getter in (is_autocast_enabled, get_autocast_dtype, _is_any_autocast_enabled):
-    _constant_for_dynamo(_getter)
+    _compile_guard.assume_constant(_getter)  # the call installs the region guard
 
 # The deprecated per-device spellings (torch.get_autocast_gpu_dtype(), is_autocast_cpu_enabled())
 # keep torch's answers: torch.autocast, torch.utils.checkpoint, transformers and accelerate use
@@ -306,7 +297,7 @@ PATCHED: Tuple[Tuple[object, str, object], ...] = (
     (torch, "get_autocast_dtype", get_autocast_dtype),
     (torch, "set_autocast_enabled", set_autocast_enabled),
     (torch, "set_autocast_dtype", set_autocast_dtype),
-    (torch._C, "_is_any_autocast_enabled", _is_any_autocast_enabled),
+    (*_torch.ANY_AUTOCAST_ENABLED, _is_any_autocast_enabled),
     (_checkpoint, "_checkpoint_without_reentrant_generator", _checkpoint_without_reentrant_generator),
     (_checkpoint, "CheckpointFunction", _CheckpointFunction()),
 )

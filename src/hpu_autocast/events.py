@@ -30,7 +30,7 @@ from torch._ops import OpOverload
 
 from .policy import CastPolicy
 
-__all__ = ["Event", "Cast", "Outcome", "Level", "short_dtype"]
+__all__ = ["Event", "Cast", "Outcome", "Level", "short_dtype", "input_dtypes", "first_floating"]
 
 
 class Outcome(enum.Enum):
@@ -130,3 +130,29 @@ def short_dtype(dtype: Optional[torch.dtype]) -> str:
     if dtype is None:
         return "-"
     return _SHORT.get(dtype) or str(dtype).replace("torch.", "")
+
+
+def input_dtypes(args: tuple, kwargs: dict) -> tuple:
+    """Tensor inputs' dtypes in argument order, lists flattened, ``out=`` excluded."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a.dtype)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t.dtype for t in a if isinstance(t, torch.Tensor))
+    for n, v in kwargs.items():
+        if n != "out" and isinstance(v, torch.Tensor):
+            out.append(v.dtype)
+    return tuple(out)
+
+
+def first_floating(out) -> Optional[torch.dtype]:
+    """The dtype of a call's first floating output (lists searched in order), or ``None``."""
+    if isinstance(out, torch.Tensor):
+        return out.dtype if out.is_floating_point() else None
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            d = first_floating(o)
+            if d is not None:
+                return d
+    return None

@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from . import _engine
+from ._devices import check_dtype, default_cache_enabled  # the HPU's device rules, with every device's
 
 __all__ = ["backend_loaded", "hpu_importable", "default_cache_enabled", "check_dtype",
            "default_device", "lazy_mode", "mark_step", "wrap_in_hpu_graph"]
@@ -51,20 +52,6 @@ def hpu_importable() -> bool:
         return importlib.util.find_spec("habana_frameworks") is not None
     except (ImportError, ValueError):
         return False
-
-
-def default_cache_enabled(device_type: str) -> bool:
-    """Autocast's cast cache for a region casting ``device_type`` tensors: on, except on HPU,
-    where graph mode deduplicates casts and the cache is always off (seed 000)."""
-    return device_type != "hpu"
-
-
-def check_dtype(dtype: torch.dtype, device_type: str) -> None:
-    """A region casting ``device_type`` tensors to ``dtype``: on HPU, float16 is not supported
-    (seed 000). The rule is the device's, not the process's: a CPU region in a process that
-    loaded Gaudi's bridge casts CPU tensors and may use float16."""
-    if device_type == "hpu" and dtype == torch.float16:
-        raise ValueError("dtype=float16 is not supported on HPU (device_type='hpu'); use dtype=torch.bfloat16")
 
 
 def default_device() -> str:

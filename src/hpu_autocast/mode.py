@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-from . import _engine, _torch_autocast, _torchscript, hpu  # noqa: F401 (_torch_autocast, _torchscript hook into the engine)
+from . import _devices, _engine, _torch_autocast, _torchscript  # noqa: F401 (_torch_autocast, _torchscript hook into the engine)
 from ._table import compile_policy
 from .builder import as_policy as _as_policy
 from .events import Event
@@ -17,32 +17,13 @@ from .log import combine_observers, make_log_observer
 from .policy import Policy
 from .report import Recorder
 
-__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "record"]
+__all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "record", "default_device_type"]
 
-#: The device types a region may cast for (``torch.autocast``'s, and ``meta`` for shape work).
-_DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia", "meta")
-
-
-def _default_device(policy: Optional[Policy]) -> str:
-    """The policy's device type, or the device this process runs on for policies of none (hpu,
-    hmp: Gaudi's lists work as a stand-in on CPU and CUDA where no Gaudi is present)."""
-    device = getattr(policy, "device_type", None)
-    if device is not None:
-        return device
-    if hpu.backend_loaded():
-        return "hpu"
-    return "cuda" if _cuda_available() else "cpu"
-
-
-_cuda = None
-
-
-def _cuda_available() -> bool:
-    """``torch.cuda.is_available()``, asked once (it costs ~1 us, a sixth of a region's entry)."""
-    global _cuda
-    if _cuda is None:
-        _cuda = torch.cuda.is_available()
-    return _cuda
+def default_device_type(policy: Optional[Policy] = None) -> str:
+    """The device type a region of ``policy`` casts for when given none: the policy's own
+    (``cpu`` for ``torch-cpu``), else the device this process runs on (``hpu`` once Gaudi's bridge
+    is loaded, ``cuda`` where available, else ``cpu``; ``_devices.default_device_type``)."""
+    return _devices.default_device_type(getattr(policy, "device_type", None))
 
 
 def _check_flag(name: str, value) -> bool:
@@ -101,18 +82,18 @@ class HpuAutocastMode:
             self.policy.check_dtype(dtype)
         self._policy_arg = policy
         if device_type is None:
-            device_type = _default_device(self.policy) if self.enabled else None
-        elif not isinstance(device_type, str) or device_type not in _DEVICE_TYPES:
+            device_type = default_device_type(self.policy) if self.enabled else None
+        elif not isinstance(device_type, str) or device_type not in _devices.REGION_DEVICE_TYPES:
             raise ValueError(f"HpuAutocastMode: unknown device_type {device_type!r}; accepted: "
-                             f"{', '.join(_DEVICE_TYPES)}")
+                             f"{', '.join(_devices.REGION_DEVICE_TYPES)}")
         self.device_type = device_type
         # Note: what a device forbids follows the region's device, not the process: with Gaudi's
         # bridge loaded, a CPU region still casts CPU tensors (float16 allowed, cache on), and an
-        # HPU region refuses float16 and never caches (seed 000; hpu.check_dtype).
+        # HPU region refuses float16 and never caches (seed 000; _devices.check_dtype).
         if self.enabled:
-            hpu.check_dtype(dtype, device_type)
+            _devices.check_dtype(dtype, device_type)
         self.dtype = dtype
-        self.cache_enabled = hpu.default_cache_enabled(device_type) and cache_enabled is not False
+        self.cache_enabled = _devices.default_cache_enabled(device_type) and cache_enabled is not False
         self.observer = observer
         self._recorder = None
         #: The open region of each thread that entered this mode (one mode may serve several
@@ -221,7 +202,7 @@ def _mode_from_settings(dtype: torch.dtype, settings: dict) -> HpuAutocastMode:
 
 def _outer_device() -> str:
     # A disabled region covers the device of the region it is nested in (what it turns off).
-    return _engine.current().device_type or _default_device(None)
+    return _engine.current().device_type or default_device_type()
 
 
 def disable_casts() -> HpuAutocastMode:

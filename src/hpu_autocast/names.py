@@ -18,10 +18,9 @@ import difflib
 import functools
 from typing import List, Optional, Tuple, Union
 
-import torch
 from torch._ops import OpOverload
 
-from . import _ops
+from . import _ops, _torch
 
 __all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "describe", "is_python_name", "resolve", "suggestions"]
 
@@ -94,7 +93,7 @@ def describe(name: str, source: Optional[Source] = None) -> str:
 def _known_names() -> tuple:
     names = set(PYTHON_ALIASES)
     # Note: dir(torch.ops.aten) lists only packets already looked up; ask the dispatcher.
-    for qualified in torch._C._dispatch_get_all_op_names():
+    for qualified in _torch.all_op_names():
         ns, _, rest = qualified.partition("::")
         name = rest.partition(".")[0]
         if ns == "aten" and (not name.startswith("_") or name.startswith("_convolution")):

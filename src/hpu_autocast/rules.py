@@ -1,18 +1,19 @@
 """The dtype rules, as pure functions: which tensors autocast may cast, and the dtype an op of a
-given ``CastPolicy`` computes in. The engine calls ``compute_dtype`` and ``has_explicit_dtype``;
-``is_eligible`` states the rule its hot path inlines (``_engine._apply``); the tests check them
-with hypothesis.
+given ``CastPolicy`` computes in. The engine's kernels call them (``eligibility``'s predicate for
+every tensor they look at, in the fast path too); the tests check them with hypothesis.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+import functools
+from typing import Callable, Iterable, Optional
 
 import torch
 
+from ._devices import tensor_on
 from .policy import CastPolicy
 
-__all__ = ["is_eligible", "compute_dtype", "has_explicit_dtype", "PromoteError"]
+__all__ = ["is_eligible", "eligibility", "compute_dtype", "has_explicit_dtype", "PromoteError"]
 
 _FLOAT32 = torch.float32
 _FLOAT64 = torch.float64
@@ -23,11 +24,25 @@ class PromoteError(RuntimeError):
     lower-precision dtype (a bfloat16 tensor in a float16 region). Native autocast raises too."""
 
 
+@functools.lru_cache(maxsize=None)
+def eligibility(device_type: str) -> Callable[[torch.Tensor], bool]:
+    """The eligibility rule for one device type, as the predicate a region's kernels ask of each
+    tensor argument: a tensor autocast may cast is floating point, not float64 (seeds 002 and
+    003), and on the region's device, as ``torch.autocast`` casts only tensors of its own device.
+    (One predicate per device type, built once: the fast path asks it of every tensor.)"""
+    on_device = tensor_on(device_type)
+
+    def eligible(t: torch.Tensor) -> bool:
+        dt = t.dtype
+        return dt.is_floating_point and dt is not _FLOAT64 and on_device(t)
+
+    eligible.__qualname__ = f"eligibility({device_type!r})"
+    return eligible
+
+
 def is_eligible(t: object, device_type: str) -> bool:
-    """A tensor autocast may cast: floating point, not float64 (seeds 002 and 003), and on the
-    region's device type, as ``torch.autocast`` casts only tensors of its own device."""
-    return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not _FLOAT64
-            and t.device.type == device_type)
+    """Whether autocast may cast ``t`` in a region for ``device_type`` (``eligibility``'s rule)."""
+    return isinstance(t, torch.Tensor) and eligibility(device_type)(t)
 
 
 def compute_dtype(action: CastPolicy, dtypes: Iterable[torch.dtype], lower: torch.dtype,

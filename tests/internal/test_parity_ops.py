@@ -157,11 +157,18 @@ def test_preset_equals_what_torch_registers():
     assert not registered - preset, f"registered, not in the preset: {sorted(map(str, registered - preset))}"
 
 
+#: Libraries that register AutocastCPU kernels for ops of their own once imported (torchvision:
+#: nms, roi_align; the real-model suite imports it): a torch-cpu region leaves such an op to its
+#: kernel (Policy.native), so they are not the table's.
+OTHER_LIBRARIES = ("torchvision::",)
+
+
 def test_preset_equals_the_autocast_cpu_registrations():
-    # The same, from the dispatcher's own list (every namespace, not only aten).
+    # The same, from the dispatcher's own list (every namespace torch registers in, not only aten).
     names = {str(op._schema.name) + ("" if op._overloadname == "default" else "." + op._overloadname)
              for op in POLICY.table}
-    assert names == set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"))
+    registered = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")
+    assert names == {n for n in registered if not n.startswith(OTHER_LIBRARIES)}
 
 
 # --- coverage: every overload is tested, or excluded with a reason -----------------------------

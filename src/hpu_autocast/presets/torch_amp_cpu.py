@@ -1,10 +1,12 @@
 """PyTorch's CPU autocast, preset ``torch-cpu``: the CPU lists of PyTorch's ``torch.amp``
 reference ("CPU Ops that can autocast to bfloat16", "CPU Ops that can autocast to float32", "CPU
 Ops that promote to the widest input type"; seed 003, tests/seeds/003_torch_amp.txt), every name,
-grouped, plus two torch registers beyond them (marked). float16 shares the lists of bfloat16.
+grouped, plus three torch registers beyond them (marked). float16 shares the lists of bfloat16.
 
-The registry keeps, of each name, the overloads the installed torch registers for the
-``AutocastCPU`` dispatch key, so the preset is exactly what ``torch.autocast("cpu")`` does.
+The lists are the union over torch versions; the registry keeps, of each name, the overloads
+the installed torch registers for the ``AutocastCPU`` dispatch key, so the preset is exactly
+what ``torch.autocast("cpu")`` does there (a name that torch lacks, such as ``cholesky`` and
+``qr`` on torch 2.14, is in ``Policy.missing``).
 """
 
 LOWER = [
@@ -42,8 +44,8 @@ FP32 = [
     "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
     "ctc_loss", "kl_div", "multilabel_margin_loss", "binary_cross_entropy_with_logits",
     "multilabel_margin_loss_forward",
-    # registered by torch for AutocastCPU although the docs do not list it
-    "smooth_l1_loss",
+    # registered by torch for AutocastCPU although the docs do not list them
+    "smooth_l1_loss", "linalg_matrix_sqrth",
     # FFTs
     "fft_fft", "fft_ifft", "fft_fft2", "fft_ifft2", "fft_fftn", "fft_ifftn",
     "fft_rfft", "fft_irfft", "fft_rfft2", "fft_irfft2", "fft_rfftn", "fft_irfftn",

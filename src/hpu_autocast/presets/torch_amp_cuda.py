@@ -41,8 +41,9 @@ PROMOTE = [
 ]
 
 #: Registered by torch for AutocastCUDA although the docs do not list them, with the category
-#: native autocast gives each (probed on an H100 with torch 2.11: tests/internal/test_drift.py checks it
-#: wherever CUDA is present). torch.norm and F.normalize reach linalg_vector_norm, not norm.
+#: native autocast gives each (probed on an H100 with torch 2.11, linalg_matrix_sqrth, registered
+#: from torch 2.14 on, with torch 2.14.1 on fake CUDA tensors: tests/internal/test_drift.py checks
+#: it). torch.norm and F.normalize reach linalg_vector_norm, not norm.
 REGISTERED_LOWER = [
     "_convolution", "convolution", "conv_tbc", "cudnn_convolution", "cudnn_convolution_transpose",
     "einsum", "linalg_vecdot", "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
@@ -50,7 +51,7 @@ REGISTERED_LOWER = [
 ]
 REGISTERED_FP32 = [
     "linalg_vector_norm", "linalg_matrix_norm", "frobenius_norm", "nuclear_norm", "huber_loss",
-    "logsumexp", "native_layer_norm", "rms_norm", "nll_loss2d",
+    "logsumexp", "native_layer_norm", "rms_norm", "nll_loss2d", "linalg_matrix_sqrth",
     "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
     "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
     "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",

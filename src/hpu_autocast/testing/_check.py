@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from .. import _engine
+from .. import _engine, _torch
 from .. import mode as _mode
 from ..builder import as_policy
 from ..events import Event, Outcome, short_dtype
@@ -52,7 +52,7 @@ _F64 = torch.float64
 _F32 = torch.float32
 _LOW = (torch.bfloat16, torch.float16)
 _TO_COPY = torch.ops.aten._to_copy.default
-_current_node = torch._C._current_autograd_node
+_current_node = _torch.current_autograd_node
 
 
 class Kind(enum.Enum):
@@ -446,7 +446,7 @@ def _roots(fn: Callable, modules) -> Dict[str, torch.nn.Module]:
 def _resolve(policy, dtype, device_type) -> Tuple[Policy, str]:
     p = as_policy(policy)
     p.check_dtype(dtype)
-    return p, device_type or _mode._default_device(p)
+    return p, device_type or _mode.default_device_type(p)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from hypothesis import assume
@@ -34,7 +34,7 @@ ELIGIBLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _device(device: Optional[Union[str, torch.device]]) -> torch.device:
-    return torch.device(device if device is not None else _mode._default_device(None))
+    return torch.device(device if device is not None else _mode.default_device_type())
 
 
 def _make(shape: Sequence[int], dtype: torch.dtype, seed: int, device: torch.device) -> torch.Tensor:
@@ -249,6 +249,57 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
     # every read of FunctionSchema.arguments, and the membership tests below need the same ones.
     arguments = list(op._schema.arguments)
     dtypes = list(dtypes)
+    positional, required_kw = _required(op, arguments, name, max_side)
+
+    @st.composite
+    def draw_inputs(draw):
+        family = _family(name, draw, max_side) or {}
+        base = draw(shapes(0 if not family else 1, 3, max_side))
+        call_dtype = draw(st.sampled_from(dtypes))
+        extra = [a for a in arguments if a not in positional and (a.name in family or a in required_kw)]
+        args, kwargs = [], {}
+        for a in positional + extra:
+            value = _value(a, family, base, call_dtype, draw, dtypes, mixed, dev, first_tensor)
+            if a in positional:
+                args.append(value)
+            elif value is not None:
+                kwargs[a.name] = value
+        args = tuple(args)
+        if check:
+            assume(_accepted(op, args, kwargs, mixed))
+        return args, kwargs
+
+    first_tensor = next((a for a in arguments if _kind(a) == "Tensor"), None)
+    return draw_inputs()
+
+
+def _value(a, family: dict, base: tuple, call_dtype: torch.dtype, draw, dtypes: list, mixed: bool, dev,
+           first_tensor):
+    """One argument's value for ``inputs_for``: a tensor of its family's shape (or the base
+    shape, or one broadcasting against it), a list of two, or a number or dim that fits."""
+    t = _kind(a)
+    dtype = draw(st.sampled_from(dtypes)) if mixed else call_dtype
+    spec = family.get(a.name, "absent")
+    if t in ("Tensor", "Tensor?"):
+        if spec is None or (spec == "absent" and t == "Tensor?"):
+            return None
+        if isinstance(spec, tuple) and spec and spec[0] == "index":
+            _, high, shape = spec
+            g = torch.Generator().manual_seed(draw(_SEEDS))
+            return torch.randint(0, high, shape, generator=g).to(dev)
+        # The first tensor takes the base shape, the others broadcast against it.
+        shape = spec if spec != "absent" else (base if a is first_tensor else _broadcast(draw, base))
+        return _make(shape, dtype, draw(_SEEDS), dev)
+    if t == "Tensor[]":
+        return [_make(base, draw(st.sampled_from(dtypes)) if mixed else dtype, draw(_SEEDS), dev) for _ in range(2)]
+    if spec != "absent":
+        return spec
+    return _scalar_for(a, draw, len(base))
+
+
+def _required(op: OpOverload, arguments: list, name: str, max_side: int) -> Tuple[list, list]:
+    """The arguments every call passes: the leading positional ones without a default, and the
+    keyword-only ones without one. Raises ``ValueError`` for one that no rule can draw."""
     positional = []
     for a in arguments:
         if a.kwarg_only or a.has_default_value():
@@ -262,47 +313,7 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
                 _scalar_for(a, _smallest, 1)
             except _NoRule as e:
                 raise ValueError(f"inputs_for({op}): no rule for {e}") from None
-
-    @st.composite
-    def draw_inputs(draw):
-        family = _family(name, draw, max_side) or {}
-        base = draw(shapes(0 if not family else 1, 3, max_side))
-        call_dtype = draw(st.sampled_from(dtypes))
-        extra = [a for a in arguments if a not in positional and (a.name in family or a in required_kw)]
-        args, kwargs = [], {}
-        for a in positional + extra:
-            value = _value(a, family, base, call_dtype, draw)
-            if a in positional:
-                args.append(value)
-            elif value is not None:
-                kwargs[a.name] = value
-        args = tuple(args)
-        if check:
-            assume(_accepted(op, args, kwargs, mixed))
-        return args, kwargs
-
-    def _value(a, family, base, call_dtype, draw):
-        t = _kind(a)
-        dtype = draw(st.sampled_from(dtypes)) if mixed else call_dtype
-        spec = family.get(a.name, "absent")
-        if t in ("Tensor", "Tensor?"):
-            if spec is None or (spec == "absent" and t == "Tensor?"):
-                return None
-            if isinstance(spec, tuple) and spec and spec[0] == "index":
-                _, high, shape = spec
-                g = torch.Generator().manual_seed(draw(_SEEDS))
-                return torch.randint(0, high, shape, generator=g).to(dev)
-            # The first tensor takes the base shape, the others broadcast against it.
-            shape = spec if spec != "absent" else (base if a is first_tensor else _broadcast(draw, base))
-            return _make(shape, dtype, draw(_SEEDS), dev)
-        if t == "Tensor[]":
-            return [_make(base, draw(st.sampled_from(dtypes)) if mixed else dtype, draw(_SEEDS), dev) for _ in range(2)]
-        if spec != "absent":
-            return spec
-        return _scalar_for(a, draw, len(base))
-
-    first_tensor = next((a for a in arguments if _kind(a) == "Tensor"), None)
-    return draw_inputs()
+    return positional, required_kw
 
 
 def _accepted(op: OpOverload, args: tuple, kwargs: dict, mixed: bool) -> bool:

@@ -1,0 +1,146 @@
+"""Torch's private surface, in one module: every ``torch._C._`` name the package uses (Dynamo's
+are ``_compile_guard``'s), each with what it is for, the torch versions it was checked on, and
+what happens where it is missing. No other module reaches for one
+(tests/internal/test_private_surface.py).
+
+Checked on: present in torch 2.4.1, 2.13.0 and 2.14.1 (``hasattr`` on each, and the suite run
+on 2.13.0); the suite also ran on 2.6.0 and 2.9.1 (README). "Fallback" says what a torch without
+the name gets.
+
+==========================================  ==================================================
+name (``torch._C.``)                        use; fallback
+==========================================  ==================================================
+``_dispatch_tls_set_dispatch_key_excluded`` the thread's excluded key set (``KeyGuard``); none:
+``_dispatch_tls_is_dispatch_key_excluded``  the engine is dispatcher kernels (required)
+``_dispatch_tls_set_dispatch_key_included`` the thread's included set (a region switching its
+``_dispatch_tls_is_dispatch_key_included``  keys on); none (required)
+``_dispatch_keyset_full_after``             the key set below the ops key (a kernel passing a
+                                            call on); none (required)
+``_dispatch_has_backend_fallback``          whether a backend claimed a borrowed key; none
+``_get_privateuse1_backend_name``           whether a PrivateUse1 backend loaded; none
+``_jit_get_all_schemas``                    every op, for the observing fallback; none
+``_dispatch_get_all_op_names``              every op name (names, composites); none
+``_dispatch_has_kernel_for_dispatch_key``   composites and views; none
+``_dispatch_get_registrations_for_dispatch_key``  custom ops a native key has kernels for
+                                            (``Policy.native``); none
+``_len_torch_dispatch_stack``               whether a dispatch mode is on (tracing); none
+``_set_grad_enabled``                       grad mode for one cast (``torch.set_grad_enabled``
+                                            builds an object per call); none
+``_stash_obj_in_tls`` / ``_get_obj_in_tls`` the frame stashed for autograd's worker threads;
+/ ``_is_key_in_tls``                        missing: no stash (backward on a worker thread of
+                                            its own casts as outside a region)
+``_is_any_autocast_enabled``                patched while a region is open (``_torch_autocast``);
+                                            none
+``_current_autograd_node``                  the backward node running (``testing``); none
+``torch.library._impls``                    how many Python registrations (when to ask the
+                                            dispatcher again); missing: asked once
+==========================================  ==================================================
+
+Not private, but of the same kind and also only asked here: ``torch._C.DispatchKey`` by name
+(``dispatch_key``: ``None`` for a key this torch lacks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+from typing import Optional
+
+import torch
+
+__all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset_after", "has_backend_fallback",
+           "privateuse1_backend_name", "all_schemas", "all_op_names", "has_kernel_for", "registrations_for",
+           "python_registrations", "dispatch_mode_depth", "set_grad_enabled", "tls_stash", "tls_stashed",
+           "ANY_AUTOCAST_ENABLED", "current_autograd_node", "dispatch_key"]
+
+_C = torch._C
+
+# -- the dispatcher: thread-local key sets, key sets, fallbacks, registrations ---------------
+set_excluded = _C._dispatch_tls_set_dispatch_key_excluded
+is_excluded = _C._dispatch_tls_is_dispatch_key_excluded
+set_included = _C._dispatch_tls_set_dispatch_key_included
+is_included = _C._dispatch_tls_is_dispatch_key_included
+keyset_after = _C._dispatch_keyset_full_after
+has_backend_fallback = _C._dispatch_has_backend_fallback
+privateuse1_backend_name = _C._get_privateuse1_backend_name
+all_schemas = _C._jit_get_all_schemas
+all_op_names = _C._dispatch_get_all_op_names
+has_kernel_for = _C._dispatch_has_kernel_for_dispatch_key
+registrations_for = _C._dispatch_get_registrations_for_dispatch_key
+dispatch_mode_depth = _C._len_torch_dispatch_stack
+
+
+def dispatch_key(name: str):
+    """``torch._C.DispatchKey.<name>``, or ``None`` where this torch has no such key."""
+    return getattr(_C.DispatchKey, name, None)
+
+
+def python_registrations() -> Optional[int]:
+    """How many kernels were registered from Python (``torch.library``'s record), or ``None``
+    where torch keeps no record."""
+    impls = getattr(torch.library, "_impls", None)
+    return len(impls) if impls is not None else None
+
+
+# -- autograd ------------------------------------------------------------------------------------
+set_grad_enabled = _C._set_grad_enabled
+current_autograd_node = _C._current_autograd_node
+
+#: The private getter ``_torch_autocast`` answers for while a region is open: (owner, name).
+ANY_AUTOCAST_ENABLED = (_C, "_is_any_autocast_enabled")
+
+
+# -- the thread-local stash autograd's worker threads inherit -----------------------------------
+_stash = getattr(_C, "_stash_obj_in_tls", None)
+_stashed = getattr(_C, "_get_obj_in_tls", None)
+_has_stash = getattr(_C, "_is_key_in_tls", None)
+
+
+def _incref(obj: object) -> None:
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def _stash_steals(key: str) -> bool:
+    """Whether ``_stash_obj_in_tls`` keeps the object without a reference of its own: torch before
+    2.13 wraps the borrowed pointer in a ``SafePyObject``, which releases a reference when it is
+    replaced or its thread ends, so each object stashed must be given one (else a stashed frame,
+    or ``None``, is freed while still in use). Probed once, on a fresh object; the probe leaves
+    ``None`` stashed in the importing thread, which reads as "nothing inherited"."""
+    if _stash is None:
+        return False
+    probe = object()
+    before = sys.getrefcount(probe)
+    _stash(key, probe)
+    steals = sys.getrefcount(probe) == before
+    if steals:
+        _incref(probe)  # the reference the stash drops when None replaces the probe, below
+        _incref(None)
+    _stash(key, None)
+    return steals
+
+
+_STASH_KEY = "hpu_autocast.frame"
+_STASH_STEALS = _stash_steals(_STASH_KEY)
+
+
+def _stash_with_reference(obj: object) -> None:
+    _incref(obj)
+    _stash(_STASH_KEY, obj)
+
+
+def _no_stash(obj: object) -> None:
+    pass
+
+
+#: ``tls_stash(obj)``: stash ``obj`` in the calling thread's state that autograd's worker threads
+#: inherit; nothing where torch has no stash. (Chosen once: every region entry and exit calls it.)
+tls_stash = (_no_stash if _stash is None else _stash_with_reference if _STASH_STEALS
+             else functools.partial(_stash, _STASH_KEY))
+
+
+def tls_stashed() -> object:
+    """What ``tls_stash`` left in this thread's state, or inherited with it; ``None`` if nothing."""
+    if _has_stash is None or not _has_stash(_STASH_KEY):
+        return None
+    return _stashed(_STASH_KEY)
