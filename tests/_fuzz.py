@@ -314,13 +314,15 @@ LEAVES = ("w0", "w1", "x", "buf", "xd", "h")
 
 def initial_state(seed: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, nn.Module]]:
     """The program's starting tensors (weights w0, w1 that require grad; an input x; a buffer buf;
-    a float64 input xd; a bfloat16 weight h) and modules (lin, conv, ln), from ``seed``."""
+    a float64 input xd; a bfloat16 weight h) and modules (lin, conv, ln), from ``seed``. ``w0`` is
+    ``lin``'s weight: a weight used both by a module call and directly, which the steps can
+    freeze or write."""
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=g)
 
-    tensors = {"w0": randn(4, 4).requires_grad_(), "w1": randn(4, 4).requires_grad_(),
+    tensors = {"w0": randn(4, 4), "w1": randn(4, 4).requires_grad_(),
                "x": randn(4, 4), "buf": randn(4, 4), "xd": randn(4, 4).double(),
                "h": randn(4, 4).bfloat16().requires_grad_()}
     modules = {"lin": nn.Linear(4, 4), "conv": nn.Conv1d(4, 4, 1), "ln": nn.LayerNorm(4)}
@@ -328,6 +330,7 @@ def initial_state(seed: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, nn.Modu
         for m in modules.values():
             for p in m.parameters():
                 p.copy_(randn(*p.shape))
+    modules["lin"].weight = tensors["w0"] = nn.Parameter(tensors["w0"])
     return tensors, modules
 
 
