@@ -84,8 +84,8 @@ def test_a_torch_cpu_region_runs_programs_as_native_autocast_does(program):
 
 # --- what it found ---------------------------------------------------------------------------------
 # The shrunk programs the fuzzer reported, replayed. Issue 18's cases each failed on 5cefe0c (the
-# engine before the issue's fixes); the rest failed on main at 455dc92 and have direct tests in
-# test_fuzz_findings.py.
+# engine before the issue's fixes); the rest failed on main at 455dc92 or later (as marked) and
+# have direct tests in test_fuzz_findings.py.
 _BF, _F16 = torch.bfloat16, torch.float16
 
 
@@ -137,6 +137,14 @@ FOUND = {
     "a checkpoint in torch.autocast inside disable_casts": Program(76, _F16, True, (
         Block("mode_off", (), (Block("cpu_amp", (("dtype", _F16), ("cache", True)), (
             Op("checkpoint_reentrant", (1, 0, 1)),)),)),), ()),
+    # beyond issue 18, on main at 0692344: a region's exit inside torch.autocast(cache_enabled=False)
+    # set torch's cache flag to its parent region's, not to what it found
+    "the cache flag after a disabled region inside torch.autocast without the cache": Program(25, _F16, True, (
+        Block("autocast", _autocast(_F16, cache=False), (
+            Block("mode_off", (), (Op("mm_slices", (4, 5, 4)),)), Event("guards", (4, 5, 4)))),), ()),
+    "the cache after a nested region inside torch.autocast without the cache": Program(0, _BF, True, (
+        Block("autocast", _autocast(_BF, cache=False), (
+            Block("region", (("dtype", _BF), ("cache", True)), (Op("relu", (0, 0, 0)),)), Op("mm", (1, 1, 1)))),), ()),
 }
 
 

@@ -4,7 +4,7 @@ could write, against native on the same code. The fuzzer's own shrunk programs a
 test_fuzz_differential.py's ``FOUND``.
 
 Each failed on main at 455dc92 (the engine after issue 18's cache, thread and disable_casts
-fixes).
+fixes), or later where marked.
 """
 
 from __future__ import annotations
@@ -136,3 +136,29 @@ def test_a_checkpoint_in_torch_autocast_inside_disable_casts_recomputes_as_its_f
     native = run(_native(F16), torch.autocast("cpu", enabled=False))
     ours = run(_ours(F16), hpu_autocast.disable_casts())
     assert all(_same(o, n) for o, n in zip(ours, native))
+
+
+# --- torch's cache flag after a region nested in torch.autocast(cache_enabled=False) ---------------
+
+@pytest.mark.parametrize("inner", ["disable_casts", "region"])
+def test_a_region_exiting_inside_torch_autocast_without_the_cache_leaves_the_cache_off(inner):
+    # Failed on main at 0692344: the inner region's exit set torch's cache flag to the outer
+    # region's (on), where torch.autocast's exit puts back what it found (off): the weight's two
+    # uses after it then shared one cast, and w.grad differed from native's in the last bits.
+    def run(outer, make_inner):
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g, requires_grad=True)
+        r = torch.randn(8, 8, generator=g)
+        with outer, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            with make_inner():
+                pass
+            flag = torch.is_autocast_cache_enabled()
+            a, b = torch.mm(x, w), torch.mm(x * 2, w)
+        ((a.float() * r).sum() + (b.float() * r.flip(0)).sum()).backward()
+        return flag, a, b, w.grad
+
+    ours_inner = {"disable_casts": hpu_autocast.disable_casts, "region": _ours}[inner]
+    native_inner = {"disable_casts": lambda: torch.autocast("cpu", enabled=False), "region": _native}[inner]
+    ours, native = run(_ours(), ours_inner), run(_native(), native_inner)
+    assert ours[0] is native[0] is False
+    assert all(_same(o, n) for o, n in zip(ours[1:], native[1:]))
