@@ -128,6 +128,9 @@ FOUND = {
     "the cache after a nested region inside torch.autocast without the cache": Program(0, _BF, True, (
         Block("autocast", _autocast(_BF, cache=False), (
             Block("region", (("dtype", _BF), ("cache", True)), (Op("relu", (0, 0, 0)),)), Op("mm", (1, 1, 1)))),), ()),
+    "the cache after disable_casts inside torch.autocast with the cache, in a region without": Program(0, _BF, False, (
+        Block("autocast", _autocast(None, cache=True), (
+            Block("disable_casts", (), (Op("mm", (0, 0, 0)),)), Op("mm", (0, 0, 0)))),), ()),
 }
 
 
