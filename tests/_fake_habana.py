@@ -177,9 +177,17 @@ def _register_autocast_hpu() -> None:
     kernels = Library("aten", "IMPL")
     for name in ("mm.default", "addmm.default", "linear.default"):
         packet, overload = name.split(".")
-        kernels.impl(packet if overload == "default" else name,
-                     _hpu_autocast_kernel(getattr(getattr(torch.ops.aten, packet), overload)),
-                     "AutocastHPU", with_keyset=True)
+        kernel = _hpu_autocast_kernel(getattr(getattr(torch.ops.aten, packet), overload))
+        qualified = packet if overload == "default" else name
+        try:
+            kernels.impl(qualified, kernel, "AutocastHPU", with_keyset=True)
+        except RuntimeError as e:
+            # torch < 2.5's torch.library refuses a second Python kernel for an op and key (the
+            # engine's observing kernels sit there); the bridge registers in C++, which that
+            # bookkeeping never sees: register as it does, through the dispatcher's own library.
+            if "already a kernel registered from python" not in str(e):
+                raise
+            kernels.m.impl(qualified, "AutocastHPU", kernel, True)
     _registered = [fallback, kernels]
 
 

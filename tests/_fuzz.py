@@ -285,7 +285,11 @@ class _ScriptedOnFirstCall:
 def _recompile_limits():
     """Raise Dynamo's recompile limits in this thread (see ``compiled_functions``)."""
     import torch._dynamo
-    return torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096)
+
+    config = torch._dynamo.config
+    if hasattr(config, "recompile_limit"):
+        return config.patch(recompile_limit=256, accumulated_recompile_limit=4096)
+    return config.patch(cache_size_limit=256, accumulated_cache_size_limit=4096)  # torch < 2.6's names
 
 
 #: Blocks that set autocast state; the package's disabled regions among them.

@@ -276,13 +276,25 @@ def test_a_mode_pickles_as_its_settings(policy, entered):
 
 # --- clear errors, early --------------------------------------------------------------------------
 
+def _native_decorator_checks() -> bool:
+    try:
+        torch.autocast("cpu")(3)
+    except TypeError:
+        return True
+    return False
+
+
+_NATIVE_DECORATOR_CHECKS = _native_decorator_checks()
+
+
 @pytest.mark.parametrize("thing", [3, None, "mm"])
 def test_the_decorator_refuses_what_is_not_callable(thing):
     # Accepted before: the wrapper failed only when called. torch.autocast()(3) raises TypeError.
     with pytest.raises(TypeError, match=rf"decorates a callable, got {thing!r} \({type(thing).__name__}\)"):
         HpuAutocastMode()(thing)
-    with pytest.raises(TypeError):
-        torch.autocast("cpu")(thing)  # native refuses it too
+    if _NATIVE_DECORATOR_CHECKS:
+        with pytest.raises(TypeError):
+            torch.autocast("cpu")(thing)  # native refuses it too (torch 2.4 accepted it)
 
 @pytest.mark.parametrize("flag, value", [("enabled", "False"), ("enabled", 0), ("cache_enabled", "no"),
                                          ("verbose", 1), ("record", None)])

@@ -374,6 +374,8 @@ def test_only_weights_are_cached_as_native_caches_them():
     assert cached == [[False, False], [False, True]]   # m cast twice; w once, then served
 
 
+@pytest.mark.skipif(torch.__version__ < "2.13", reason="native's cache predates pytorch#158232 here: it "
+                    "serves a no_grad copy to a use with grad; the region does what torch 2.13 and later do")
 def test_a_weight_copy_made_under_no_grad_serves_a_use_with_grad_as_native():
     # Native makes a cached copy with grad enabled, also under no_grad (pytorch#158232): the
     # copy carries its ToCopyBackward, so a later use with grad shares it and the weight gets

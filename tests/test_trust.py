@@ -27,6 +27,22 @@ def _same(a, b):
 
 # --- the cast cache is native's: nothing it could serve stale -----------------------------------
 
+def _native_caches_with_grad() -> bool:
+    """Whether this torch's native cache makes a weight's copy with grad on, also under no_grad,
+    and makes none in inference mode (pytorch#158232, in torch 2.13; torch 2.4 served a no_grad
+    copy to a later use with grad, which then got no gradient)."""
+    w = torch.randn(2, 2, requires_grad=True)
+    with torch.autocast("cpu", dtype=BF):
+        with torch.no_grad():
+            torch.mm(w, w)
+        return torch.mm(w, w).requires_grad
+
+
+NATIVE_FIXED = pytest.mark.skipif(not _native_caches_with_grad(), reason=(
+    "this torch's native cache predates pytorch#158232 (a copy made under no_grad or inference mode is "
+    "served to a use with grad); the region does what torch 2.13 and later do"))
+
+
 WRITES = {
     "numpy": lambda t: t.numpy().__setitem__(slice(None), 1.0),
     ".data": lambda t: t.data.add_(1),
@@ -69,6 +85,7 @@ def test_a_weight_frozen_between_two_uses_gives_a_result_without_grad():
     assert all(_same(o, n) for o, n in zip(ours, native))
 
 
+@NATIVE_FIXED
 def test_a_copy_made_under_inference_mode_is_not_reused_with_grad():
     # torch's test_autocast_inference_mode_interaction: backward raised "Inference tensors cannot
     # be saved for backward".
@@ -240,22 +257,39 @@ def test_a_module_with_a_fast_path_runs_on_a_bfloat16_input(path, preset):
     # A bfloat16 input into float32 weights: the modules take their slow path (or, for the
     # encoder layer, the fast one, promoted); either way they run and give floating output.
     make, call, _ = FAST_PATHS[path]
-    with torch.no_grad(), HpuAutocastMode(BF, policy=preset, device_type="cpu"):
-        out = call(make(), torch.randn(2, 3, 8, dtype=BF))
+    m, x = make(), torch.randn(2, 3, 8, dtype=BF)
+    with torch.no_grad():
+        out = _outcome(lambda: _run_in(HpuAutocastMode(BF, policy=preset, device_type="cpu"), call, m, x))
+        if preset == "torch-cpu" and isinstance(out, str):   # native's own lists fail here (torch 2.4)
+            assert out == _outcome(lambda: _run_in(_native(), call, m, x))
+            return
     assert out.shape == (2, 3, 8) and out.dtype in (BF, torch.float32) and out.isfinite().all()
+
+
+def _outcome(fn):
+    """``fn()``, or the message of the RuntimeError it raised."""
+    try:
+        return fn()
+    except RuntimeError as e:
+        return str(e)
 
 
 @pytest.mark.parametrize("path", sorted(FAST_PATHS))
 def test_a_fused_fast_path_under_torch_cpu_is_natives(path):
+    # Where native's CPU lists fail the fused path (torch 2.4: no kernel for its feed-forward),
+    # ours fails with the same message.
     make, call, _ = FAST_PATHS[path]
     m = make()
     x = torch.randn(2, 3, 8)
     with torch.no_grad():
-        with _ours():
-            ours = call(m, x)
-        with _native():
-            native = call(m, x)
-    assert _same(ours, native)
+        ours = _outcome(lambda: _run_in(_ours(), call, m, x))
+        native = _outcome(lambda: _run_in(_native(), call, m, x))
+    assert ours == native if isinstance(native, str) else _same(ours, native)
+
+
+def _run_in(ctx, call, m, x):
+    with ctx:
+        return call(m, x)
 
 
 # --- turning casting off inside torch.autocast ------------------------------------------------
@@ -348,3 +382,23 @@ def test_a_region_inside_inference_mode_casts_as_native():
 
     for o, n in zip(run(_ours(cache_enabled=True)), run(_native())):
         assert o.dtype == n.dtype and torch.equal(o, n)
+
+
+def test_disable_casts_inside_torch_autocast_without_the_cache_keeps_it_off_after():
+    # Found by the fuzzer on torch 2.4.1 (and so on 2.13): disable_casts()' exit set torch's cache
+    # flag to the region's (on) under a torch.autocast(cache_enabled=False), so the next use of
+    # a weight was served from the cache and its gradient differed from native's.
+    def run(outer, off):
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(4, 4, generator=g, requires_grad=True)
+        with outer:
+            with torch.autocast("cpu", cache_enabled=False):
+                with off:
+                    a = torch.mm(w, w)
+                b = torch.mm(w, w)
+        (a.float().sum() + b.float().sum()).backward()
+        return a, b, w.grad
+
+    ours = run(_ours(), disable_casts())
+    native = run(_native(), torch.autocast("cpu", enabled=False))
+    assert all(_same(o, n) for o, n in zip(ours, native))

@@ -18,7 +18,7 @@ import torch
 
 from . import _torch
 
-__all__ = ["REGION_DEVICE_TYPES", "NATIVE_AUTOCAST_DEVICES", "MIXED_PARAMS_DEVICES", "tensor_on",
+__all__ = ["REGION_DEVICE_TYPES", "NATIVE_AUTOCAST_DEVICES", "NATIVE_AUTOCAST_HERE", "MIXED_PARAMS_DEVICES", "tensor_on",
            "native_autocast_keys", "check_dtype", "default_cache_enabled", "default_device_type"]
 
 #: The device types a region may cast for (``torch.autocast``'s, and ``meta`` for shape work).
@@ -27,6 +27,17 @@ REGION_DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia"
 #: The device types torch.autocast casts for natively (``meta`` has none): those whose autocast a
 #: ``disable_casts()`` suspends (less those whose autocast keys this package borrowed).
 NATIVE_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia")
+
+def _has_native_autocast(device: str) -> bool:
+    try:
+        torch._C.is_autocast_enabled(device)
+    except RuntimeError:  # torch 2.4 knows no mps, mtia or maia autocast
+        return False
+    return True
+
+
+#: ``NATIVE_AUTOCAST_DEVICES`` that the installed torch has an autocast state for.
+NATIVE_AUTOCAST_HERE = tuple(d for d in NATIVE_AUTOCAST_DEVICES if _has_native_autocast(d))
 
 #: The native autocast dispatch keys, by name, whose kernels a composite may have (``_pass_on``).
 _NATIVE_AUTOCAST_KEYS = ("AutocastCPU", "AutocastCUDA", "AutocastXPU", "AutocastMPS", "AutocastHPU")

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from . import _compile_guard, _dispatch, _torch
-from ._devices import NATIVE_AUTOCAST_DEVICES
+from ._devices import NATIVE_AUTOCAST_HERE
 from .rules import eligibility
 from ._table import CompiledPolicy, OpRule
 from .events import Event
@@ -42,8 +42,8 @@ class Region:
     """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "enabled", "cache_enabled",
-                 "observer", "observes", "eligible", "cache", "owns_cache", "closed", "switch", "thread", "native_was_on",
-                 "eager", "every_device")
+                 "observer", "observes", "eligible", "cache", "cache_was", "owns_cache", "closed", "switch", "thread",
+                 "native_was_on", "eager", "every_device")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
                  enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None,
@@ -61,6 +61,8 @@ class Region:
         self.observes = enabled and (observer is not None or (compiled is not None and compiled.has_defaults))
         self.cache: dict = {}
         self.owns_cache = True
+        #: torch's cache flag at the entry (put back when this region exits innermost).
+        self.cache_was = True
         self.closed = False
         self.switch: Optional[_dispatch.ThreadSwitch] = None
         self.thread = 0
@@ -200,8 +202,9 @@ def enter(region: Region, k: _dispatch.Keys) -> None:
     switch.sync(k)
     if region.observer is not None:
         region.eager = _compile_guard.observing_opened()
+    region.cache_was = _cache_on()
     if switch.ops == 1:
-        _thread.cache_was = _cache_on()  # the first region open in this thread: torch's flag before
+        _thread.cache_was = region.cache_was  # the first region open in this thread: torch's flag before
     if compiled is not None:
         # As torch.autocast's entry: torch's cache flag says what this region caches (the kernels
         # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).
@@ -241,7 +244,7 @@ def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
 def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
     """Devices whose torch autocast a ``disable_casts()`` turns off: all but those whose autocast
     keys this package borrowed (their state is the engine's own)."""
-    return tuple(d for d in NATIVE_AUTOCAST_DEVICES if d not in (k.ops_device, k.all_device))
+    return tuple(d for d in NATIVE_AUTOCAST_HERE if d not in (k.ops_device, k.all_device))
 
 
 def exit(region: Region) -> None:
@@ -279,16 +282,17 @@ def _close(region: Region) -> None:
     for d in region.native_was_on:
         _native_set_enabled(d, True)
     frame = _get_frame()
-    if frame is not None and frame.region is region:
+    innermost_exits = frame is not None and frame.region is region
+    if innermost_exits:
         _set_frame(_open(frame.parent))
-    # torch's cache flag follows the innermost region still open (regions may exit out of
-    # order: hmp.reset under a later region), else goes back to what it was before the first.
+    # torch's cache flag: back to what it was at this region's entry when the innermost exits
+    # (what a torch.autocast(cache_enabled=...) around it set included); a region exiting out of
+    # order (hmp.reset under a later region) leaves the flag to the innermost; after the
+    # thread's last region, what it was before its first.
     if switch.ops == 0:
         _set_cache_on(_thread.cache_was)
-    else:
-        inner = innermost()
-        if inner is not None and inner.region.compiled is not None:
-            _set_cache_on(inner.region.cache_enabled)
+    elif innermost_exits:
+        _set_cache_on(region.cache_was)
 
 
 
