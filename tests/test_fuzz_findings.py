@@ -165,3 +165,25 @@ def test_a_region_exiting_inside_torch_autocast_leaves_torch_autocasts_cache_fla
     native = run(_native(cache_enabled=region_cache), native_inner)
     assert ours[0] is native[0] is autocast_cache
     assert all(_same(o, n) for o, n in zip(ours[1:], native[1:]))
+
+
+# --- a region nested in torch.autocast ----------------------------------------------------------------
+
+def test_a_weight_used_in_torch_autocast_and_in_a_region_nested_in_it_shares_natives_cast():
+    # docs/design.md's known difference (a longer fuzz hunt finds it: HPU_AUTOCAST_FUZZ_SEED=5):
+    # the region keeps a cache of its own, so the weight is cast once in the block and once in
+    # the region, where native casts it once for both, and w.grad's parts meet in float32 instead
+    # of bfloat16. Fails until the region shares native's cache.
+    def run(inner):
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g, requires_grad=True)
+        r = torch.randn(8, 8, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = torch.mm(x, w)
+            with inner:
+                b = torch.mm(x * 2, w)
+        ((a.float() * r).sum() + (b.float() * r.flip(0)).sum()).backward()
+        return a, b, w.grad
+
+    ours, native = run(_ours()), run(_native())
+    assert all(_same(o, n) for o, n in zip(ours, native))
