@@ -138,18 +138,20 @@ def test_a_checkpoint_in_torch_autocast_inside_disable_casts_recomputes_as_its_f
     assert all(_same(o, n) for o, n in zip(ours, native))
 
 
-# --- torch's cache flag after a region nested in torch.autocast(cache_enabled=False) ---------------
+# --- torch's cache flag after a region nested in torch.autocast ------------------------------------
 
+@pytest.mark.parametrize("region_cache,autocast_cache", [(True, False), (False, True)])
 @pytest.mark.parametrize("inner", ["disable_casts", "region"])
-def test_a_region_exiting_inside_torch_autocast_without_the_cache_leaves_the_cache_off(inner):
+def test_a_region_exiting_inside_torch_autocast_leaves_torch_autocasts_cache_flag(inner, region_cache, autocast_cache):
     # Failed on main at 0692344: the inner region's exit set torch's cache flag to the outer
-    # region's (on), where torch.autocast's exit puts back what it found (off): the weight's two
-    # uses after it then shared one cast, and w.grad differed from native's in the last bits.
+    # region's, where torch.autocast's exit puts back what it found (the torch.autocast's): the
+    # weight's two uses after it shared one cast where native cast twice, or the reverse, and
+    # w.grad differed from native's in the last bits.
     def run(outer, make_inner):
         g = torch.Generator().manual_seed(0)
         x, w = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g, requires_grad=True)
         r = torch.randn(8, 8, generator=g)
-        with outer, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        with outer, torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=autocast_cache):
             with make_inner():
                 pass
             flag = torch.is_autocast_cache_enabled()
@@ -159,6 +161,29 @@ def test_a_region_exiting_inside_torch_autocast_without_the_cache_leaves_the_cac
 
     ours_inner = {"disable_casts": hpu_autocast.disable_casts, "region": _ours}[inner]
     native_inner = {"disable_casts": lambda: torch.autocast("cpu", enabled=False), "region": _native}[inner]
-    ours, native = run(_ours(), ours_inner), run(_native(), native_inner)
-    assert ours[0] is native[0] is False
+    ours = run(_ours(cache_enabled=region_cache), ours_inner)
+    native = run(_native(cache_enabled=region_cache), native_inner)
+    assert ours[0] is native[0] is autocast_cache
     assert all(_same(o, n) for o, n in zip(ours[1:], native[1:]))
+
+
+# --- a region nested in torch.autocast ----------------------------------------------------------------
+
+def test_a_weight_used_in_torch_autocast_and_in_a_region_nested_in_it_shares_natives_cast():
+    # docs/design.md's known difference (a longer fuzz hunt finds it: HPU_AUTOCAST_FUZZ_SEED=5):
+    # the region keeps a cache of its own, so the weight is cast once in the block and once in
+    # the region, where native casts it once for both, and w.grad's parts meet in float32 instead
+    # of bfloat16. Fails until the region shares native's cache.
+    def run(inner):
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 8, generator=g), torch.randn(8, 8, generator=g, requires_grad=True)
+        r = torch.randn(8, 8, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = torch.mm(x, w)
+            with inner:
+                b = torch.mm(x * 2, w)
+        ((a.float() * r).sum() + (b.float() * r.flip(0)).sum()).backward()
+        return a, b, w.grad
+
+    ours, native = run(_ours()), run(_native())
+    assert all(_same(o, n) for o, n in zip(ours, native))
