@@ -162,7 +162,13 @@ def _kinds(steps) -> set:
     return {k for s in steps if isinstance(s, Block) for k in ({s.kind} | _kinds(s.body))}
 
 
-@pytest.mark.parametrize("name", sorted(FOUND))
+#: Known differences, not yet fixed (docs/design.md, "The cast cache"): strict, so a fix shows.
+KNOWN = {"a weight cast in torch.autocast and in a region nested in it":
+         "a region nested in torch.autocast keeps its own cast cache (docs/design.md, The cast cache)"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True))
+                                  if n in KNOWN else n for n in sorted(FOUND)])
 def test_a_program_the_fuzzer_found_runs_as_native(name):
     program = FOUND[name]
     if not NATIVE_FIXED and _kinds(program.body + program.after) & {"no_grad", "inference_mode"}:

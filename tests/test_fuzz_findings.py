@@ -169,6 +169,8 @@ def test_a_region_exiting_inside_torch_autocast_leaves_torch_autocasts_cache_fla
 
 # --- a region nested in torch.autocast ----------------------------------------------------------------
 
+@pytest.mark.xfail(strict=True, reason="known, not yet fixed: a region nested in torch.autocast keeps its own "
+                   "cast cache (docs/design.md, The cast cache)")
 def test_a_weight_used_in_torch_autocast_and_in_a_region_nested_in_it_shares_natives_cast():
     # docs/design.md's known difference (a longer fuzz hunt finds it: HPU_AUTOCAST_FUZZ_SEED=5):
     # the region keeps a cache of its own, so the weight is cast once in the block and once in
