@@ -18,9 +18,9 @@ import torch
 
 from .builder import policy_from_files
 
-__all__ = ["add_parser", "run", "main"]
+__all__ = ["add_parser", "add_script_arguments", "policy_of", "DTYPES", "run", "main"]
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16}
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,13 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report", help="run a script under the mode and print what ran in which dtype",
         description="Run SCRIPT.py (with its arguments) under HpuAutocastMode and print the precision report at exit.")
-    p.add_argument("script", help="the Python script to run")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-    p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES),
-                   help="lower-precision dtype (default: bfloat16)")
-    p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
-    p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
+    add_script_arguments(p, "the Python script to run")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")
     p.add_argument("--plot", metavar="PATH", help="also draw the report (PNG or SVG; needs matplotlib)")
@@ -42,7 +36,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _policy(ns: argparse.Namespace):
+def add_script_arguments(p: argparse.ArgumentParser, script_help: str) -> None:
+    """The arguments of a command that runs a script under a policy (``report``, ``tune``): the
+    script and its arguments, the preset, the dtype and list files replacing the preset's lists
+    (read by ``policy_of``)."""
+    p.add_argument("script", help=script_help)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv)")
+    p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
+                   help="lower-precision dtype (default: bfloat16)")
+    p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
+    p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
+
+
+def policy_of(ns: argparse.Namespace):
+    """The policy ``add_script_arguments``' flags name: the preset, or it with list files."""
     if ns.lower_list or ns.fp32_list:
         return policy_from_files(ns.preset, lower=ns.lower_list, fp32=ns.fp32_list)
     return ns.preset
@@ -61,7 +69,7 @@ def run(ns: argparse.Namespace) -> int:
     rec = Recorder()
     # Note: the whole script is one region, optimizer steps included. The cast cache assumes
     # weights do not change inside a region (as torch.autocast's does), so it is off here.
-    mode = HpuAutocastMode(_DTYPES[ns.dtype], policy=_policy(ns), cache_enabled=False, observer=rec)
+    mode = HpuAutocastMode(DTYPES[ns.dtype], policy=policy_of(ns), cache_enabled=False, observer=rec)
     rec.policy, rec.dtype = mode.policy.name, mode.dtype  # the header, even if the script fails early
     argv, sys.argv = sys.argv, [ns.script, *ns.args]
     code, message, error = 0, None, None

@@ -21,8 +21,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from ._report_cli import _DTYPES
-from .builder import policy_from_files
+from ._report_cli import DTYPES, add_script_arguments, policy_of
 
 __all__ = ["add_parser", "run", "load_target", "TargetError", "TARGET", "RUN_NAME"]
 
@@ -43,15 +42,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=f"Tune a policy for the function SCRIPT.py's {TARGET}() returns, as (fn, inputs) or "
                     "(fn, inputs, metric): ops move to float32 until fn(*inputs) is within the tolerance "
                     "of its float32 run. Prints the result and a row per op.")
-    p.add_argument("script", help=f"a Python script defining {TARGET}()")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv)")
-    p.add_argument("--preset", default="hpu", help="the policy to start from (default: hpu)")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES),
-                   help="lower-precision dtype (default: bfloat16)")
+    add_script_arguments(p, f"a Python script defining {TARGET}()")
     p.add_argument("--tolerance", type=float, default=0.01, help="largest error accepted (default: 0.01)")
     p.add_argument("--max-runs", type=int, default=200, help="most runs of fn the search may make (default: 200)")
-    p.add_argument("--lower-list", metavar="FILE", help="start from these lower-precision ops")
-    p.add_argument("--fp32-list", metavar="FILE", help="start from these float32 ops")
     p.add_argument("--lists", metavar="DIR", help="write the tuned lists as DIR/lower_ops.txt and DIR/fp32_ops.txt")
     p.add_argument("--gaudi-config", metavar="PATH", help="write optimum-habana's gaudi_config.json")
     p.add_argument("--quiet", action="store_true", help="no progress line per run on stderr")
@@ -88,12 +81,6 @@ def load_target(script: str, args: list) -> Tuple[Callable, tuple, Optional[Call
     return fn, inputs, metric
 
 
-def _policy(ns: argparse.Namespace):
-    if ns.lower_list or ns.fp32_list:
-        return policy_from_files(ns.preset, lower=ns.lower_list, fp32=ns.fp32_list)
-    return ns.preset
-
-
 def run(ns: argparse.Namespace) -> int:
     """Tune and print the result; write the files asked for. Exit status 0 when the tolerance
     is met, 1 when it is not, 2 when the script names nothing to tune or a flag is out of range."""
@@ -109,7 +96,7 @@ def run(ns: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     progress = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    result = tune(fn, *inputs, dtype=_DTYPES[ns.dtype], policy=_policy(ns), tolerance=ns.tolerance,
+    result = tune(fn, *inputs, dtype=DTYPES[ns.dtype], policy=policy_of(ns), tolerance=ns.tolerance,
                   metric=metric, max_runs=ns.max_runs, progress=progress)
     print(result)
     if ns.lists:
