@@ -54,7 +54,8 @@ def main(argv=None) -> None:
         optimizer.zero_grad(set_to_none=True)
         print(f"step {step}: loss {loss.item():.4f} ({loss.dtype})")
 
-    print(f"\nPrecision report ({args.steps} steps, device {device}, policy {args.policy!r}, bfloat16):\n")
+    print(f"\nPrecision report ({args.steps} steps, device {device}, policy {args.policy!r}, bfloat16, "
+          f"engine {hpu_autocast.ENGINE}):\n")
     print(recorder.report())
 
 

@@ -17,7 +17,9 @@ The public names (``__all__``), by what they are for:
 * tuning a policy: ``tune``, ``TuneResult`` (``docs/tuning.md``);
 * training: ``custom_fwd``, ``custom_bwd`` (the ``amp`` module);
 * the modules ``hmp`` (a drop-in for Habana Mixed Precision), ``hpu`` (Gaudi glue) and
-  ``report``.
+  ``report``;
+* ``ENGINE``: which engine runs the kernels in this process, ``"c++"`` (the C++ core, built by
+  ``hpu-autocast build-core``) or ``"python"`` (``hpu-autocast info`` says why).
 
 ``hpu_autocast.testing`` (checking a model against its policy) and ``hpu_autocast.cli`` (the
 ``hpu-autocast`` command) are imported on their own. No name here is also the name of a submodule
@@ -40,6 +42,7 @@ if "torch" not in _sys.modules:
 
 from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
+from ._core import ENGINE
 from .builder import build_policy, policy_from_gaudi_config, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
@@ -91,6 +94,8 @@ __all__ = [
     "hmp",
     "hpu",
     "report",
+    # the engine
+    "ENGINE",
 ]
 
 __version__ = "0.1.0"

@@ -46,6 +46,11 @@ def cached_cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Cal
     ``cache_enabled=False`` (always so on HPU) casts every time."""
     if (cache is not None and lower and dt is _FLOAT32 and t.requires_grad and t.is_leaf
             and not t._is_view() and not _inference_mode()):
+        if type(cache) is not dict:  # the C++ core's, shared with its kernels (_core.new_cache)
+            c, hit = cache.cast(t, target)
+            if casts is not None:
+                casts.append(Cast(arg, dt, target, c.numel() * target.itemsize, hit, t))
+            return c
         key = (id(t), target)
         hit = cache.get(key)
         if hit is not None and hit[0]() is t:

@@ -74,7 +74,7 @@ import torch
 from torch._ops import OpOverload
 from torch.library import Library, fallthrough_kernel
 
-from . import _ops, _torch
+from . import _core, _ops, _torch
 
 __all__ = ["Keys", "keys", "KeyGuard", "ThreadSwitch", "thread_switch"]
 
@@ -187,6 +187,8 @@ class Keys:
         self._all_libs: Dict[str, Library] = {}
         self._all_fallback: Optional[Library] = None
         self._registered: set = set()
+        #: Each overload registered, by its index in the C++ core's tables (with the core only).
+        self.indices: Dict[OpOverload, int] = {}
         self._lock = threading.Lock()
         self._fallback_ready = False
         self._observing = 0
@@ -282,8 +284,13 @@ class Keys:
                 if op in self._registered:
                     continue
                 ns, _, name = op._schema.name.partition("::")
-                lib = self._lib(self._ops_libs, ns)
                 overload = op._overloadname
+                if _core.core is not None:
+                    # The core's kernel, which hands what it does not decide to the Python one.
+                    self.indices[op] = _core.register(ns, name, overload, self.ops, self._make_kernel(op))
+                    self._registered.add(op)
+                    continue
+                lib = self._lib(self._ops_libs, ns)
                 # with_keyset: the kernel gets the call's dispatch key set, to pass an op it has
                 # no rule for on below its key as a fallthrough would (_kernels.make_kernel).
                 lib.impl(name if overload == "default" else f"{name}.{overload}", self._make_kernel(op),

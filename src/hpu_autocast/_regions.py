@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _compile_guard, _dispatch, _torch
+from . import _compile_guard, _core, _dispatch, _torch
 from ._devices import NATIVE_AUTOCAST_HERE
 from .rules import eligibility
 from ._table import CompiledPolicy, OpRule
@@ -43,7 +43,7 @@ class Region:
 
     __slots__ = ("compiled", "rules", "dtype", "device_type", "enabled", "cache_enabled",
                  "observer", "observes", "eligible", "cache", "cache_was", "owns_cache", "closed", "switch", "thread",
-                 "native_was_on", "eager", "every_device")
+                 "native_was_on", "eager", "every_device", "core")
 
     def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
                  enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None,
@@ -59,7 +59,7 @@ class Region:
         self.observer = observer
         #: Whether the fallback must see this region's calls (to observe them, or for defaults).
         self.observes = enabled and (observer is not None or (compiled is not None and compiled.has_defaults))
-        self.cache: dict = {}
+        self.cache = None  # the outermost region's, or a new one (at the entry)
         self.owns_cache = True
         #: torch's cache flag at the entry (put back when this region exits innermost).
         self.cache_was = True
@@ -73,6 +73,8 @@ class Region:
         self.native_was_on: Tuple[str, ...] = ()
         #: Whether this region holds compiled code to eager (it observes; see _compile_guard).
         self.eager = False
+        #: The C++ core's state for this region while open (``None``: the Python kernels decide).
+        self.core = None
 
 
 class Frame:
@@ -102,6 +104,7 @@ _get_frame = _FRAME.get
 def _set_frame(frame: Optional[Frame]) -> None:
     _FRAME.set(frame)
     _torch.tls_stash(frame)
+    _core.set_frame(frame)
 
 
 def _open(frame: Optional[Frame]) -> Optional[Frame]:
@@ -188,12 +191,15 @@ def enter(region: Region, k: _dispatch.Keys) -> None:
             if native:
                 k.register(native)
     parent = innermost()
-    if parent is not None:
+    if parent is None:
+        region.cache = _core.new_cache()
+    else:
         # As torch.autocast: one cast cache for the outermost region and all nested in it.
         region.cache = parent.region.cache
         region.owns_cache = False
         if region.compiled is None and not region.enabled:
             _opt_out_of(parent, region)
+    region.core = _core.region_for(region, k)
     region.switch = switch = _dispatch.thread_switch()
     region.thread = threading.get_ident()
     switch.ops += 1
@@ -268,6 +274,8 @@ def exit(region: Region) -> None:
 
 def _close(region: Region) -> None:
     region.closed = True
+    if region.core is not None:
+        region.core.close()
     switch = region.switch
     switch.ops -= 1
     if region.observes:

@@ -74,7 +74,7 @@ class OpRule:
 class CompiledPolicy:
     """A policy's rules, keyed by overload, plus its defaults for ops on no list."""
 
-    __slots__ = ("policy", "rules", "by_id", "has_defaults", "_defaults", "key", "registered", "_native_epoch")
+    __slots__ = ("policy", "rules", "by_id", "has_defaults", "_defaults", "key", "registered", "_native_epoch", "tables")
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -102,6 +102,8 @@ class CompiledPolicy:
         #: Whether the engine's kernels for these rules are registered (done at the first region).
         self.registered = False
         self._native_epoch = None
+        #: The C++ core's region kinds for these rules, by device type (``_core._kind``).
+        self.tables: dict = {}
 
     def native_ops(self) -> list:
         """Rules for the custom ops ``Policy.native``'s key has kernels for (given there by

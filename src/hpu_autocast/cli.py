@@ -6,6 +6,8 @@
     report [flags] SCRIPT.py [args]   run a script under the mode, print the precision report
     tune [flags] SCRIPT.py [args]     tune a policy for the script's tune_target() (docs/tuning.md)
     docs                     the reference of every preset (docs/policies.md)
+    info                     versions, and which engine runs the kernels (C++ core or Python)
+    build-core [--verbose]   build the C++ core for the installed torch (once; cached per torch)
 """
 
 from __future__ import annotations
@@ -143,6 +145,29 @@ def _cmd_docs(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_info(ns: argparse.Namespace) -> int:
+    import torch
+
+    from . import __version__, _core, _core_build
+
+    print(f"hpu_autocast {__version__}, torch {torch.__version__}")
+    print(f"engine: {_core.ENGINE} ({_core.REASON})")
+    print(f"C++ core build directory: {_core_build.build_dir()}")
+    return 0
+
+
+def _cmd_build_core(ns: argparse.Namespace) -> int:
+    from . import _core_build
+
+    try:
+        path = _core_build.build(verbose=ns.verbose)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"C++ core built for this torch: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpu-autocast", description="Mixed-precision policies for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("docs", help="print the reference of every preset (docs/policies.md)")
     p.set_defaults(func=_cmd_docs)
+
+    p = sub.add_parser("info", help="versions, and which engine runs the kernels")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("build-core", help="build the C++ core for the installed torch (cached per torch version)")
+    p.add_argument("--verbose", action="store_true", help="show the compiler's commands")
+    p.set_defaults(func=_cmd_build_core)
 
     _report_cli.add_parser(sub)
     _tune_cli.add_parser(sub)

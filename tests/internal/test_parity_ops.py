@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from _parity import ATEN, VARIANTS, aten_call, differences, run, run_with_grad
 from _samples import SAMPLES, build
-from hpu_autocast import HpuAutocastMode, get_preset
+from hpu_autocast import HpuAutocastMode, _core, get_preset
 from hpu_autocast._ops import all_overloads, has_kernel, op_base_name
 
 POLICY = get_preset("torch-cpu")
@@ -228,7 +228,8 @@ def test_tensor_method_matches_native(op, dtype, variant):
     f = VARIANTS[variant](dtype)
     args, kwargs = tree_map(f, args), tree_map(f, kwargs)
     method = lambda self, *a, **k: getattr(self, packet)(*a, **k)  # noqa: E731
-    if NAMED_TENSORS and any(isinstance(a, torch.Tensor) and a.has_names() for a in args):
+    # Before torch 2.13 a named tensor cannot reach a Python kernel; the C++ core's kernel takes it.
+    if NAMED_TENSORS and _core.core is None and any(isinstance(a, torch.Tensor) and a.has_names() for a in args):
         with torch.autocast("cpu", dtype=dtype):
             native_err = run(method, args, kwargs)[1]
         if native_err is None:

@@ -1,0 +1,132 @@
+"""Which engine runs the kernels on the ops key: the C++ core (``csrc/core.cpp``), where it was
+built for the installed torch, else the Python kernels (``_kernels``), with the same results.
+
+[Note: two engines, one set of rules]
+The core is a faster body for the same decisions, not a second implementation to keep in step
+by hand: it reads the compiled policy (``_table``) through one table per policy and device type
+(``table``, built here from the same ``OpRule`` fields the Python kernels read), and it hands
+every call it cannot decide exactly as the Python kernel would to that Python kernel
+(csrc/core.cpp, Note [which calls the core decides]): observing regions, tracing, named in-place
+and ``out=`` overloads, ops left to native autocast, banned ops, errors. Both share one cast
+cache per region (``new_cache``), so a weight cast by either is cast once. Which engine runs is
+decided once per process, at import:
+
+* ``HPU_AUTOCAST_ENGINE=python``: the Python kernels;
+* ``HPU_AUTOCAST_ENGINE=c++``: the core, or ``ImportError`` saying why it cannot load;
+* unset or ``auto``: the core where built (``hpu-autocast build-core``), else the Python kernels.
+
+``ENGINE`` says which (``"c++"`` or ``"python"``) and ``REASON`` why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Optional
+
+import torch
+
+from . import _core_build, _ops
+from ._devices import native_autocast_keys
+
+__all__ = ["core", "ENGINE", "REASON", "new_cache", "region_for", "set_frame", "register"]
+
+
+def _load() -> tuple:
+    choice = os.environ.get("HPU_AUTOCAST_ENGINE", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "c++", "python"):
+        raise ValueError(f"HPU_AUTOCAST_ENGINE={choice!r}: expected 'auto', 'c++' or 'python'")
+    if choice == "python":
+        return None, "HPU_AUTOCAST_ENGINE=python"
+    path = _core_build.built_path()
+    if path is None:
+        reason = (f"the C++ core is not built for torch {torch.__version__} "
+                  "(run `hpu-autocast build-core` once to build it)")
+        if choice == "c++":
+            raise ImportError(f"HPU_AUTOCAST_ENGINE=c++, but {reason}")
+        return None, reason
+    try:
+        spec = importlib.util.spec_from_file_location(_core_build.MODULE, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError) as e:
+        if choice == "c++":
+            raise ImportError(f"HPU_AUTOCAST_ENGINE=c++, but the C++ core at {path} does not load: {e}") from e
+        return None, f"the C++ core at {path} does not load ({e})"
+    return module, f"the C++ core, {path}"
+
+
+core, REASON = _load()
+#: Which engine runs the kernels in this process: ``"c++"`` or ``"python"`` (``REASON`` says why).
+ENGINE = "c++" if core is not None else "python"
+
+if core is not None:
+    core.set_native_autocast_keys(list(native_autocast_keys()))
+    _ACTION = core.action_codes()
+    _KIND = core.kind_codes()
+
+
+def new_cache():
+    """A region's cast cache: the core's (its kernels and the Python path share it), else a dict."""
+    return core.Cache() if core is not None else {}
+
+
+def _row(rule, index: int, device_type: str) -> tuple:
+    """One rule as the core reads it (csrc/core.cpp's ``Rule``)."""
+    if rule.native is not None or rule.into or rule.banned is not None or rule.action is None:
+        action = _ACTION["PYTHON"]  # Note [which calls the core decides] in csrc/core.cpp
+    else:  # a rule kind the core does not know is the Python kernels' too
+        action = _ACTION.get(rule.action.name, _ACTION["PYTHON"])
+    kinds, dtypes = [], []
+    for i, a in enumerate(rule.op._schema.arguments):
+        if a.kwarg_only:
+            kinds.append(_KIND["skip"] if a.name in rule.written_names else _KIND["keyword"])
+        else:
+            kinds.append(_KIND["written"] if i in rule.protected else _KIND["positional"])
+        if rule.takes_dtype and "ScalarType" in str(getattr(a, "real_type", a.type)):
+            dtypes.append(i)
+    input_only = rule.input_only and rule.casts_input_only(device_type)
+    return index, action, input_only, _ops.is_composite(rule.op), kinds, dtypes
+
+
+_NO_RULES: dict = {}  # the kinds of regions with no policy (a disable_casts() outside any region)
+
+
+def _kind(compiled, device_type: str, keys):
+    """What the core's regions of ``compiled`` on ``device_type`` share (its table of the
+    policy's rules, the device, the engine's keys): built once, again when rules were added to
+    the policy since (``CompiledPolicy.native_ops``) or the observing key moved."""
+    kinds = compiled.tables if compiled is not None else _NO_RULES
+    count = len(compiled.rules) if compiled is not None else 0
+    entry = kinds.get(device_type)
+    if entry is None or entry[0] != count or entry[1] is not keys.all:
+        rows = [_row(rule, keys.indices[op], device_type) for op, rule in compiled.rules.items()] if count else []
+        entry = kinds[device_type] = (count, keys.all, core.RegionKind(core.make_table(rows), device_type, keys.ops,
+                                                                       keys.all))
+    return entry[2]
+
+
+def region_for(region, keys) -> Optional[object]:
+    """The core's state for ``region`` (a ``_regions.Region`` just entered, on the borrowed
+    ``keys``), or ``None`` where the Python kernels decide its calls: no core, or a region that
+    observes (events are Python's)."""
+    if core is None or region.observer is not None or region.observes:
+        return None
+    return _kind(region.compiled, region.device_type, keys).open(region.cache)
+
+
+def set_frame(frame) -> None:
+    """Tell the core the calling context's innermost frame (csrc/core.cpp, Note [the frame in C++])."""
+    if core is None:
+        return
+    if frame is not None and frame.region.core is not None:
+        core.set_frame(frame.region.core, frame.enabled, frame.dtype)
+    else:
+        core.clear_frame()
+
+
+def register(ns: str, name: str, overload: str, key, kernel) -> int:
+    """Register the core's kernel for one overload on ``key``; ``kernel`` is the Python kernel it
+    hands the calls it does not decide to. Returns the overload's index in the core's tables."""
+    return core.register_kernel(ns, name, "" if overload == "default" else overload, key, kernel)
+
