@@ -39,7 +39,7 @@ from torch._ops import OpOverload
 
 from . import _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
-from .policy import CastPolicy, Policy
+from .policy import BuildRecord, CastPolicy, Policy
 
 __all__ = ["build_policy", "with_lists", "read_list", "policy_from_files", "policy_from_env",
            "policy_from_gaudi_config", "as_policy", "check_no_conflict", "ENV_LOWER", "ENV_FP32"]
@@ -272,10 +272,11 @@ def build_policy(
     if registered is not None:
         unnamed = [op for op in _ops.registered_for(registered) if op not in table and op not in ban]
         _warn_unnamed(name, registered, unnamed)
+    record = BuildRecord(missing=tuple(dict.fromkeys(skipped.missing)),
+                         ignored=_record_ignored(skipped, name, warn_ignored))
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
-                  missing=tuple(dict.fromkeys(skipped.missing)), unlisted=unlisted, inplace=inplace,
-                  promoted=frozenset(pro), device_type=device_type, c_names_only=c_names_only,
-                  ignored=_record_ignored(skipped, name, warn_ignored), native=registered)
+                  unlisted=unlisted, inplace=inplace, promoted=frozenset(pro), device_type=device_type,
+                  c_names_only=c_names_only, native=registered, record=record)
 
 
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
@@ -312,8 +313,9 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     input_only = {op for op in policy.input_only if table.get(op) is CastPolicy.LOWER}
     replaced = {arg for arg, names in (("lower", lower), ("fp32", fp32), ("promote", promote)) if names is not None}
     ignored = tuple(i for i in policy.ignored if i[1] not in replaced) + _record_ignored(skipped, policy.name, True)
+    record = dataclasses.replace(policy.record, ignored=ignored)
     return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",
-                               input_only=input_only, promoted=frozenset(pro), ignored=ignored)
+                               input_only=input_only, promoted=frozenset(pro), record=record)
 
 
 # --- preset names ----------------------------------------------------------------------------------
