@@ -431,7 +431,10 @@ def _env_path(new: str) -> Optional[str]:
     return None
 
 
-_cache: Dict[tuple, Policy] = {}
+#: preset -> (the stamps of the list files it was last read with, the policy read). One entry a
+#: preset, replaced when a file changes: a process that rewrites its list files keeps only the
+#: policy of the files as they are now (an earlier version kept every version ever read).
+_last_read: Dict[str, Tuple[tuple, Policy]] = {}
 
 
 def _stamp(path: Optional[str]) -> Optional[tuple]:
@@ -456,10 +459,12 @@ def policy_from_env(preset: str = DEFAULT_PRESET) -> Policy:
     lower, fp32 = _env_path(ENV_LOWER), _env_path(ENV_FP32)
     if not lower and not fp32:
         return as_policy(preset, env=False)
-    key = (preset, _stamp(lower), _stamp(fp32))
-    policy = _cache.get(key)
-    if policy is None:
-        policy = _cache[key] = policy_from_files(preset, lower=lower, fp32=fp32)
+    stamps = (_stamp(lower), _stamp(fp32))
+    last = _last_read.get(preset)
+    if last is not None and last[0] == stamps:
+        return last[1]
+    policy = policy_from_files(preset, lower=lower, fp32=fp32)
+    _last_read[preset] = (stamps, policy)
     return policy
 
 
