@@ -233,9 +233,9 @@ NOT_FUNCTIONAL = "it names in-place or out= overloads only, and Gaudi's bridge r
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     # Each name warns once per process; a test starts with none warned about yet.
-    from hpu_autocast import builder
+    from hpu_autocast import _build
 
-    monkeypatch.setattr(builder, "_warned", set())
+    monkeypatch.setattr(_build, "_warned", set())
 
 
 def test_the_hpu_lists_own_python_names_are_recorded_without_a_warning(fresh_warnings):

@@ -1,8 +1,9 @@
 """Cast policies as plain, frozen data: a table from ``OpOverload`` to ``CastPolicy``.
 
 A ``Policy`` knows nothing about how casting happens, nor about op names: the engine reads
-it, ``hpu_autocast.builder`` builds it from names (resolved by ``hpu_autocast.names``), and
-``hpu_autocast.presets`` says which names make each preset.
+it, ``hpu_autocast.builder`` builds it from names (with ``_build``'s builders, which resolve
+them through ``hpu_autocast.names``), and ``hpu_autocast.presets`` says which names make each
+preset. What a build let go of is its ``BuildRecord``, kept beside the value.
 """
 
 from __future__ import annotations
