@@ -161,6 +161,8 @@ def _recompute_in_region(fn: Callable, state: _regions.State) -> Callable:
 
 
 def _region_of(state: _regions.State) -> _regions.Region:
+    """A region reproducing ``state``: its policy, dtype, device and cache; or, for ``OFF``, a
+    disabled one for the device of the innermost region here (else ``cpu``)."""
     if state.enabled:
         return _regions.Region(compile_policy(state.policy), state.dtype, state.device_type, True,
                                state.cache_enabled)
