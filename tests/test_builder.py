@@ -123,6 +123,22 @@ def test_files_are_read_only_when_their_path_mtime_or_size_changes(tmp_path, mon
     assert reads[-1] == other and len(reads) == 4
 
 
+def test_the_environments_policies_are_kept_only_for_the_files_as_they_are_now(tmp_path, monkeypatch):
+    # Was: one policy kept for every version of the files ever read, for the life of the process.
+    import gc
+    import weakref
+
+    path = _write(tmp_path, "lower.txt", "mm\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", path)
+    refs = []
+    for text in ("mm\nbmm\n", "mm\nbmm\nbaddbmm\n", "bmm\n"):
+        refs.append(weakref.ref(policy_from_env()))
+        (tmp_path / "lower.txt").write_text(text)
+    current = policy_from_env()
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None] and policy_from_env() is current
+
+
 def test_with_no_variable_set_the_environment_is_not_searched_name_by_name(monkeypatch):
     # The common case, every region entered with the default policy: os.environ.get of a
     # missing name raises a KeyError inside; four of them were most of a mode's creation.
@@ -217,9 +233,9 @@ NOT_FUNCTIONAL = "it names in-place or out= overloads only, and Gaudi's bridge r
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     # Each name warns once per process; a test starts with none warned about yet.
-    from hpu_autocast import builder
+    from hpu_autocast import _build
 
-    monkeypatch.setattr(builder, "_warned", set())
+    monkeypatch.setattr(_build, "_warned", set())
 
 
 def test_the_hpu_lists_own_python_names_are_recorded_without_a_warning(fresh_warnings):

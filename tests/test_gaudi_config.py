@@ -30,9 +30,9 @@ OPTIMUM_FP32 = ["embedding", "nll_loss", "log_softmax"]
 def fresh_warnings(monkeypatch):
     # A name Gaudi ignores (iadd, truediv) warns once per process; each test starts afresh, and
     # with no PT_HPU_AUTOCAST_* variable of the environment the suite runs in.
-    from hpu_autocast import builder
+    from hpu_autocast import _build
 
-    monkeypatch.setattr(builder, "_warned", set())
+    monkeypatch.setattr(_build, "_warned", set())
     for name in (ENV_LOWER, ENV_FP32, "LOWER_LIST", "FP32_LIST"):
         monkeypatch.delenv(name, raising=False)
 

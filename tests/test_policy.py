@@ -78,6 +78,24 @@ def test_equal_policies_hash_alike_and_every_field_counts():
     assert a != dataclasses.replace(a, promoted={MM}) and a != dataclasses.replace(a, device_type="cpu")
 
 
+def test_the_build_record_travels_with_a_policy_but_is_not_its_value():
+    # What a build let go of says how a policy was made, not what it does: a record of its own
+    # made an equal policy unequal, so it took another compiled key (a recompilation) and
+    # another kernel table for the same casts.
+    from hpu_autocast._table import compile_policy, policy_serial
+    from hpu_autocast.policy import BuildRecord
+
+    a = Policy(name="x", table={MM: CastPolicy.LOWER})
+    record = BuildRecord(missing=["gone"], ignored=[["iadd", "lower", "a Python name"]])
+    b = dataclasses.replace(a, record=record)
+    assert b == a and hash(b) == hash(a) and policy_serial(b) == policy_serial(a)
+    assert compile_policy(b).key == compile_policy(a).key
+    assert (b.missing, b.ignored) == (("gone",), (("iadd", "lower", "a Python name"),)) and a.missing == ()
+    for other in (pickle.loads(pickle.dumps(b)), copy.deepcopy(b)):
+        assert other.record == record
+    with pytest.raises(TypeError, match="record must be a BuildRecord, got tuple"):
+        Policy(name="x", table={}, record=("gone",))
+
 def test_a_policy_is_frozen_all_the_way_down():
     policy = Policy(name="x", table={MM: CastPolicy.LOWER})
     with pytest.raises(dataclasses.FrozenInstanceError):

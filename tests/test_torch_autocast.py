@@ -481,6 +481,28 @@ def test_an_exception_inside_a_region_restores_torchs_own():
     assert _torchs_own()
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_recomputation_after_the_region_counts_as_an_open_region(reentrant):
+    # Backward runs after the forward's region exited: the recomputation's region is then the
+    # only one open, and must install the patches itself (acquire) and restore torch's after
+    # (release). Without them its torch.autocast(enabled=False) set native state only: the
+    # recomputed mm stayed bfloat16, and torch's metadata check failed.
+    seen = []
+
+    def f(x):
+        seen.append((torch.is_autocast_enabled("cpu"), _patched()))
+        with torch.autocast("cpu", enabled=False):
+            return torch.mm(x, x.t())
+
+    x = torch.randn(3, 4, requires_grad=True)
+    with HpuAutocastMode(policy="torch-cpu"):
+        y = torch_checkpoint.checkpoint(f, x, use_reentrant=reentrant)
+    assert _torchs_own() and y.dtype == torch.float32
+    y.sum().backward()
+    assert seen == [(True, True), (True, True)] and x.grad is not None
+    assert _torchs_own()
+
+
 # --- native autocast around a region -------------------------------------------------------------
 
 def test_native_autocast_is_suspended_inside_a_region_and_back_after_it():

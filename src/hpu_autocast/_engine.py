@@ -1,46 +1,30 @@
 """The engine: regions (``_regions``) opened on the borrowed dispatch keys whose kernels are
-``_kernels``' (which cast through ``_cast_cache``). The rest of the package asks this module.
+``_kernels``' (which cast through ``_cast_cache``), with torch's autocast functions answering
+for them while any is open (``_torch_autocast``). The rest of the package asks this module.
 
 How one call goes, from the dispatcher to the cast, is ``_kernels``' docstring; what a region
-and a frame are, ``_regions``' Note.
+and a frame are, ``_regions``' Note; what is patched while a region is open, and who counts the
+open regions, ``_torch_autocast``'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
-import torch
-
-from . import _kernels, _regions
+from . import _kernels, _regions, _torch_autocast
 from ._kernels import keys_excluded
-from ._regions import (GUARD, OFF, REGION_HOOKS, Frame, Region, State, current, innermost, observing,
+from ._regions import (GUARD, OFF, Frame, Region, State, current, innermost, observing,
                        replace_innermost)
-from ._table import compile_policy
 
-__all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit", "entered",
-           "replace_innermost", "keys_excluded", "REGION_HOOKS", "GUARD"]
+__all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
+           "replace_innermost", "keys_excluded", "GUARD"]
 
 
 def enter(region: Region) -> None:
-    """Open ``region`` in the calling context: it becomes the innermost frame (``_regions.enter``)."""
-    _regions.enter(region, _kernels.keys())
+    """Open ``region`` in the calling context: it becomes the innermost frame (``_regions.enter``),
+    counted among the regions open in the process (``_torch_autocast.acquire``)."""
+    _regions.enter(region, _kernels.keys(), _torch_autocast.acquire)
 
 
-exit = _regions.exit
-
-
-@contextlib.contextmanager
-def entered(state: State) -> Iterator[None]:
-    """A region reproducing ``state`` (a policy's, or off) for the body: what a recomputation
-    in backward runs in (``torch.utils.checkpoint``; see ``_torch_autocast``)."""
-    if state.enabled:
-        region = Region(compile_policy(state.policy), state.dtype, state.device_type, True, state.cache_enabled)
-    else:
-        frame = innermost()
-        region = Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
-    enter(region)
-    try:
-        yield
-    finally:
-        exit(region)
+def exit(region: Region) -> None:
+    """Close ``region`` (``_regions.exit``); the last open region's exit restores torch's own
+    autocast functions (``_torch_autocast.release``)."""
+    _regions.exit(region, _torch_autocast.release)

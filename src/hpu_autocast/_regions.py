@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from contextvars import ContextVar
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -30,7 +30,7 @@ from ._table import CompiledPolicy, OpRule
 from .events import Event
 
 __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
-           "replace_innermost", "REGION_HOOKS", "GUARD"]
+           "replace_innermost", "GUARD"]
 
 _EMPTY: Dict[int, OpRule] = {}
 _cache_on = torch._C.is_autocast_cache_enabled
@@ -162,25 +162,22 @@ def observing() -> bool:
     return frame is not None and frame.region.observer is not None
 
 
-#: (on open, on close) pairs run around every region (``_torch_autocast`` installs its patches
-#: of torch's autocast functions through this while any region is open).
-REGION_HOOKS: List[Tuple[Callable[[], None], Callable[[], None]]] = []
-
 _native_is_enabled = torch._C.is_autocast_enabled
 _native_set_enabled = torch._C.set_autocast_enabled
 
 
-def enter(region: Region, k: _dispatch.Keys) -> None:
+def enter(region: Region, k: _dispatch.Keys, opened: Callable[[], None]) -> None:
     """Open ``region`` in the calling context, on the borrowed keys ``k``: it becomes the
-    innermost frame.
+    innermost frame. ``opened`` is called once the region is sure to open (the engine passes
+    ``_torch_autocast.acquire``, which counts it among the process's open regions); ``exit``
+    takes its counterpart.
 
     A region with a policy owns autocast for its device type while it is open: torch's own
     autocast for that device, if on (an enclosing ``torch.autocast``), is suspended, so the
     innermost decides, and it is restored at the exit."""
     if region.observes:
         k.observing_opened()  # first: it raises when no key is free for it
-    for opened, _ in REGION_HOOKS:
-        opened()
+    opened()
     compiled = region.compiled
     if compiled is not None and region.enabled:
         if not compiled.registered:
@@ -253,10 +250,11 @@ def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
     return tuple(d for d in NATIVE_AUTOCAST_HERE if d not in (k.ops_device, k.all_device))
 
 
-def exit(region: Region) -> None:
-    """Close ``region``. Out of order or from another context of its thread, it is closed all the
-    same (frames of closed regions are skipped). From another thread, ``RuntimeError`` refuses
-    it and nothing changes: a thread's dispatch keys are its own and only it can switch them off."""
+def exit(region: Region, closed: Callable[[], None]) -> None:
+    """Close ``region``, then call ``closed`` (``enter``'s ``opened``'s counterpart). Out of order
+    or from another context of its thread, it is closed all the same (frames of closed regions
+    are skipped). From another thread, ``RuntimeError`` refuses it and nothing changes (nor is
+    ``closed`` called): a thread's dispatch keys are its own and only it can switch them off."""
     if region.closed:
         raise RuntimeError("this region was already exited")
     here = threading.get_ident()
@@ -268,8 +266,7 @@ def exit(region: Region) -> None:
     try:
         _close(region)
     finally:
-        for _, closed in REGION_HOOKS:
-            closed()
+        closed()
 
 
 def _close(region: Region) -> None:

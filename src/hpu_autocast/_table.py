@@ -71,8 +71,24 @@ class OpRule:
         return f"OpRule({self.name}, {self.action})"
 
 
+# [Note: what a compiled policy learns after it is built]
+# A compiled policy is shared by every region of its policy: ``compile_policy``'s cache keeps the
+# 64 most recently used, and each open region holds its own. Besides its rules it keeps three
+# things it learns from torch later, not from the policy, and they change in place:
+# * ``registered``: its kernels are on the OPS key. ``_dispatch.Keys`` owns what is registered
+#   (and skips what is already there); this flag spares a region's entry the walk over the rules.
+# * ``_defaults``: HMP's rule for an op on no list, built at the op's first call.
+# * ``native_ops``: rules for custom ops registered on native's key after the policy compiled,
+#   added to ``rules``/``by_id`` themselves, so an open region of the policy honours them as the
+#   next region would (``_native_epoch``: torch.library's record size at the last look).
+# Each is a function of the policy and of the dispatcher's registrations, so any compiled copy
+# is right: one dropped from the cache and compiled again learns them again. Two threads
+# learning one thing at once write equal values (one dict assignment each, atomic under the
+# GIL). A rule left for a custom op whose registration was later removed hands the op to a
+# native key with no kernel for it: it runs uncast, as under native autocast.
 class CompiledPolicy:
-    """A policy's rules, keyed by overload, plus its defaults for ops on no list."""
+    """A policy's rules, keyed by overload, plus its defaults for ops on no list (and what it
+    learns from torch later: Note above)."""
 
     __slots__ = ("policy", "rules", "by_id", "has_defaults", "_defaults", "key", "registered", "_native_epoch", "tables")
 
@@ -99,7 +115,8 @@ class CompiledPolicy:
         #: A short string that tells policies apart (Dynamo guards compiled code on it): the
         #: policy's name and its serial (see ``policy_serial``).
         self.key = f"{policy.name}#{policy_serial(policy)}"
-        #: Whether the engine's kernels for these rules are registered (done at the first region).
+        #: Whether the engine's kernels for these rules are registered (set by the first region
+        #: to open; Note: what a compiled policy learns after it is built).
         self.registered = False
         self._native_epoch = None
         #: The C++ core's region kinds for these rules, by device type (``_core._kind``).
@@ -156,9 +173,10 @@ class CompiledPolicy:
 # the fields missed the others (two policies of one name and table shared a compiled graph) and
 # could collide. A serial number cannot: serials only grow and are never reused, and a policy
 # keeps the one it was given (on itself). A registry keyed by the policy (dataclass equality:
-# every field, so a field added later is covered without more work) hands an equal policy the
-# same serial, so it reuses the compiled code; its entries are weak, and an equal policy built
-# after all holders of a serial were freed gets a new one: a recompilation, never a collision.
+# every field of its value, so a field added later is covered without more work; not its build
+# record, which changes no cast) hands an equal policy the same serial, so it reuses the
+# compiled code; its entries are weak, and an equal policy built after all holders of a serial
+# were freed gets a new one: a recompilation, never a collision.
 # The lru_cache below may drop a compiled policy; compiling it again finds the same serial.
 _SERIALS: "weakref.WeakKeyDictionary[Policy, int]" = weakref.WeakKeyDictionary()
 _NEXT_SERIAL = itertools.count(1)
@@ -176,7 +194,8 @@ def policy_serial(policy: Policy) -> int:
 
 
 def compile_policy(policy: Policy) -> CompiledPolicy:
-    """The compiled form of ``policy``, shared by every region of it (policies are values)."""
+    """The compiled form of ``policy``, shared by every region of it (policies are values: its
+    ``policy`` may be another policy equal to this one, perhaps with another build record)."""
     compiled = _compiled(policy)
     if not policy._serial:
         # An equal policy's compiled form, from the cache: this one takes its serial too, and

@@ -67,21 +67,22 @@ import torch
 import torch.optim.optimizer as _optimizer
 import torch.utils.checkpoint as _checkpoint
 
-from . import _compile_guard, _engine, _torch
+from . import _compile_guard, _kernels, _regions, _torch, _torchscript
+from ._table import compile_policy
 
-__all__ = ["PATCHED", "HOOKS"]
+__all__ = ["PATCHED", "HOOKS", "acquire", "release"]
 
 _real: Dict[str, Callable] = {}
 
 
-def _frame_for(device: Optional[str]) -> Optional[_engine.Frame]:
+def _frame_for(device: Optional[str]) -> Optional[_regions.Frame]:
     """The calling context's innermost frame if it owns autocast for ``device``: a region with a
     policy (a disabled one, ``disable_casts``, owns nothing) whose device type it is."""
     if _compile_guard.tracing():
         # Dynamo runs the getters below as constants (see _compile_guard.assume_constant): the frame it
         # compiles depends on the region's state, so it is guarded on it.
         _compile_guard.install()
-    frame = _engine.innermost()
+    frame = _regions.innermost()
     if frame is None or frame.region.compiled is None or frame.region.device_type != (device or "cuda"):
         return None
     return frame
@@ -114,7 +115,7 @@ def set_autocast_enabled(*args, **kwargs) -> None:
     frame = _frame_for(device)
     if frame is None:
         return _real["set_autocast_enabled"](*args, **kwargs)
-    _engine.replace_innermost(bool(rest[0]), frame.dtype)
+    _regions.replace_innermost(bool(rest[0]), frame.dtype)
 
 
 def set_autocast_dtype(*args, **kwargs) -> None:
@@ -130,33 +131,50 @@ def set_autocast_dtype(*args, **kwargs) -> None:
                       f"{policy.name!r}, which supports {', '.join(map(str, policy.dtypes))}; the region "
                       f"keeps {frame.dtype}", UserWarning, stacklevel=3)
         return
-    _engine.replace_innermost(frame.enabled, dtype)
+    _regions.replace_innermost(frame.enabled, dtype)
 
 
 def _is_any_autocast_enabled() -> bool:
     # The engine's own keys are autocast keys, and torch counts them: ask with them excluded,
     # then add the region's own state.
-    frame = _engine.innermost()
+    frame = _regions.innermost()
     if frame is not None and frame.region.compiled is not None and frame.enabled:
         return True
-    with _engine.keys_excluded():
+    with _kernels.keys_excluded():
         return _real["_is_any_autocast_enabled"]()
 
 
 # -- checkpointing -----------------------------------------------------------------------------
-def _recompute_in_region(fn: Callable, state: _engine.State) -> Callable:
+def _recompute_in_region(fn: Callable, state: _regions.State) -> Callable:
     def recompute(*args, **kwargs):
-        with _engine.entered(state):
+        # A region reproducing ``state`` (a policy's, or off), opened as the engine opens one
+        # (``_engine.enter``, which this module is below): backward runs after the forward's
+        # region exited, so this one may be the process's only open region again.
+        region = _region_of(state)
+        _regions.enter(region, _kernels.keys(), acquire)
+        try:
             return fn(*args, **kwargs)
+        finally:
+            _regions.exit(region, release)
 
     return recompute
+
+
+def _region_of(state: _regions.State) -> _regions.Region:
+    """A region reproducing ``state``: its policy, dtype, device and cache; or, for ``OFF``, a
+    disabled one for the device of the innermost region here (else ``cpu``)."""
+    if state.enabled:
+        return _regions.Region(compile_policy(state.policy), state.dtype, state.device_type, True,
+                               state.cache_enabled)
+    frame = _regions.innermost()
+    return _regions.Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
 
 
 def _checkpoint_without_reentrant_generator(fn, *args, **kwargs):
     # `checkpoint` calls the forward itself and hands `fn` to this generator for the
     # recomputation only.
-    state = _engine.current()
-    if _engine.innermost() is not None:
+    state = _regions.current()
+    if _regions.innermost() is not None:
         fn = _recompute_in_region(fn, state)
     return _real["_checkpoint_without_reentrant_generator"](fn, *args, **kwargs)
 
@@ -168,9 +186,9 @@ class _CheckpointFunction:
     @staticmethod
     def apply(function, preserve_rng_state, *args):
         original = _real["CheckpointFunction"]
-        if _engine.innermost() is None:
+        if _regions.innermost() is None:
             return original.apply(function, preserve_rng_state, *args)
-        state = _engine.current()
+        state = _regions.current()
         recompute = _recompute_in_region(function, state)
         calls = []
 
@@ -202,15 +220,15 @@ class _Step:
 
     __slots__ = ("caller", "on", "off")
 
-    def __init__(self, caller, on: Optional[_engine.Frame] = None, off: Optional[_engine.Frame] = None) -> None:
+    def __init__(self, caller, on: Optional[_regions.Frame] = None, off: Optional[_regions.Frame] = None) -> None:
         self.caller = caller
         self.on = on
         self.off = off
 
     def restore(self) -> bool:
         """Turn casting back on if this step's state is still the innermost; whether it was."""
-        if self.off is not None and _engine.innermost() is self.off:
-            _engine.replace_innermost(self.on.enabled, self.on.dtype)
+        if self.off is not None and _regions.innermost() is self.off:
+            _regions.replace_innermost(self.on.enabled, self.on.dtype)
             return True
         return False
 
@@ -240,11 +258,11 @@ def _step_pre_hook(optimizer, args: tuple, kwargs: dict):
                           "optimizer steps outside the region", RuntimeWarning, stacklevel=3)
     step = _Step(sys._getframe(1))
     _STEPS.set(running + (step,))
-    frame = _engine.innermost()
+    frame = _regions.innermost()
     if frame is None or not frame.enabled or frame.region.compiled is None:
         return None  # nothing to turn off: no region, disable_casts, or a step inside a step
-    _engine.replace_innermost(False, frame.dtype)
-    step.on, step.off = frame, _engine.innermost()
+    _regions.replace_innermost(False, frame.dtype)
+    step.on, step.off = frame, _regions.innermost()
     # The closure (LBFGS's, any optimizer's `step(closure)`) is the user's forward: in the region.
     if callable(kwargs.get("closure")):
         return args, dict(kwargs, closure=_closure_in_region(kwargs["closure"], step))
@@ -268,16 +286,16 @@ def _step_post_hook(optimizer, args: tuple, kwargs: dict) -> None:
 
 def _closure_in_region(closure: Callable, step: _Step) -> Callable:
     def closure_in_region(*args, **kwargs):
-        if _engine.innermost() is not step.off:
+        if _regions.innermost() is not step.off:
             return closure(*args, **kwargs)
         step.restore()
-        on = _engine.innermost()
+        on = _regions.innermost()
         try:
             return closure(*args, **kwargs)
         finally:
-            if _engine.innermost() is on:
-                _engine.replace_innermost(False, on.dtype)
-                step.off = _engine.innermost()
+            if _regions.innermost() is on:
+                _regions.replace_innermost(False, on.dtype)
+                step.off = _regions.innermost()
 
     return closure_in_region
 
@@ -302,9 +320,6 @@ PATCHED: Tuple[Tuple[object, str, object], ...] = (
     (_checkpoint, "CheckpointFunction", _CheckpointFunction()),
 )
 
-_lock = threading.Lock()
-_open = 0
-
 
 def _by_owner(patched) -> tuple:
     """``PATCHED`` grouped by owner: (the owner's ``__dict__``, the names, {name: replacement}).
@@ -321,18 +336,24 @@ def _by_owner(patched) -> tuple:
 
 _GROUPS = _by_owner(PATCHED)
 
-#: Called under the lock when the first region opens, after the patches above, and when the
-#: last closes: another module's patches that share this count (``_torchscript``'s).
-ON_FIRST_OPEN: list = []
-ON_LAST_CLOSE: list = []
-
-
 def _getter_pairs() -> list:
     """(torch's function, ours) for each patched torch function."""
     return [(_real[name], new) for owner, name, new in PATCHED if owner in (torch, torch._C)]
 
 
-def _acquire() -> None:
+# [Note: the count of open regions]
+# This module owns the count of regions open in the process, all threads together: the patches
+# above, and ``_torchscript``'s, are installed while it is above zero and restored when it falls
+# to zero. The engine calls ``acquire`` at each region's entry and ``release`` at its exit
+# (``_engine.enter``/``exit`` hand them to ``_regions``), and so does a checkpoint's
+# recomputation here; nothing else opens a region. A region's dispatch keys are per thread
+# (``_dispatch.ThreadSwitch``), but these patches are process-wide attributes of torch, hence
+# one count under one lock.
+_lock = threading.Lock()
+_open = 0
+
+
+def acquire() -> None:
     """A region opens: install the patches if it is the first open in the process."""
     global _open
     if not _compile_guard.skipped:
@@ -347,12 +368,11 @@ def _acquire() -> None:
                 namespace.update(new)
             for hooks, hook in HOOKS:
                 hooks[_HOOK_KEY] = hook
-            for install in ON_FIRST_OPEN:
-                install()
+            _torchscript.install()
         _open += 1
 
 
-def _release() -> None:
+def release() -> None:
     """A region closes: restore torch's own functions if it was the last open."""
     global _open
     with _lock:
@@ -369,9 +389,5 @@ def _release() -> None:
                 else:  # someone else replaced ours meanwhile: theirs stays, and it calls ours
                     owner = namespace.get("__name__", namespace)
                     warnings.warn(f"hpu_autocast: {owner}.{name} was replaced while a region was open; leaving the "
-                                  "replacement in place", RuntimeWarning, stacklevel=3)
-        for restore in ON_LAST_CLOSE:
-            restore()
-
-
-_engine.REGION_HOOKS.append((_acquire, _release))
+                                  "replacement in place", RuntimeWarning, stacklevel=4)
+        _torchscript.restore()

@@ -36,7 +36,7 @@ A call into TorchScript that does not come from Python (``torch.jit.fork`` of a 
 function) is not seen; nor is a torchbind method (no graph: it is run as it is).
 
 The two ``__call__`` are replaced when the first region opens and put back when the last one
-closes, as ``_torch_autocast``'s patches are. That costs ~1.3 us a region (CPython updates the
+closes, with ``_torch_autocast``'s patches (its Note: the count of open regions). That costs ~1.3 us a region (CPython updates the
 type's call slot each time), measured in docs/performance.md: an earlier version put them back
 lazily, at the first call into TorchScript outside regions, which saved that time and left
 torch's objects replaced between regions; the guarantee is worth more than the microseconds.
@@ -49,11 +49,11 @@ from typing import Callable, Dict
 
 import torch
 
-from . import _engine, _torch_autocast
+from . import _regions
 from ._table import policy_serial
 from .presets import get_preset
 
-__all__ = ["PATCHED"]
+__all__ = ["PATCHED", "install", "restore"]
 
 #: The classes whose ``__call__`` is every call from Python into TorchScript.
 PATCHED = (torch._C.ScriptFunction, torch._C.ScriptMethod)
@@ -63,7 +63,7 @@ _NATIVE_PRESET = {"cpu": "torch-cpu"}
 _real: Dict[type, Callable] = {}
 
 
-def _call_as_native(frame: _engine.Frame, call: Callable, fn, args: tuple, kwargs: dict):
+def _call_as_native(frame: _regions.Frame, call: Callable, fn, args: tuple, kwargs: dict):
     """``call(fn, ...)`` with native autocast on for the region's device, in its dtype, with
     native's cast cache off (see the Note)."""
     device = frame.region.device_type
@@ -80,7 +80,7 @@ def _call_as_native(frame: _engine.Frame, call: Callable, fn, args: tuple, kwarg
         torch._C.set_autocast_cache_enabled(before[2])
 
 
-def _reproduces_native(frame: _engine.Frame) -> bool:
+def _reproduces_native(frame: _regions.Frame) -> bool:
     region = frame.region
     preset = _NATIVE_PRESET.get(region.device_type)
     return preset is not None and policy_serial(region.compiled.policy) == policy_serial(get_preset(preset))
@@ -100,7 +100,7 @@ def _name(fn) -> str:
     return fn.name
 
 
-def _refusal(fn, frame: _engine.Frame) -> RuntimeError:
+def _refusal(fn, frame: _regions.Frame) -> RuntimeError:
     region = frame.region
     kind = "method" if isinstance(fn, torch._C.ScriptMethod) else "function"
     return RuntimeError(
@@ -116,7 +116,7 @@ def _refusal(fn, frame: _engine.Frame) -> RuntimeError:
 def _wrap(cls: type) -> Callable:
     def __call__(self, *args, **kwargs):
         call = _real[cls]
-        frame = _engine.innermost()
+        frame = _regions.innermost()
         if frame is None or not frame.enabled or frame.region.compiled is None:
             return call(self, *args, **kwargs)
         if _reproduces_native(frame):
@@ -136,9 +136,9 @@ _installed = False
 _foreign = False
 
 
-def _install() -> None:
-    """The first region opens (under ``_torch_autocast``'s lock): calls into TorchScript go
-    through ``_wrap``, unless they still do from an earlier region."""
+def install() -> None:
+    """The first region opens (``_torch_autocast.acquire``, under its lock): calls into
+    TorchScript go through ``_wrap``, unless they still do from an earlier region."""
     global _installed
     if _installed or _foreign:
         return
@@ -149,9 +149,9 @@ def _install() -> None:
     _installed = True
 
 
-def _restore() -> None:
-    """No region is open in the process (under ``_torch_autocast``'s lock): torch's own
-    ``__call__`` back."""
+def restore() -> None:
+    """No region is open in the process (``_torch_autocast.release``, under its lock): torch's
+    own ``__call__`` back."""
     global _installed, _foreign
     if not _installed or _foreign:
         return
@@ -162,9 +162,7 @@ def _restore() -> None:
         else:
             _foreign = True
             warnings.warn(f"hpu_autocast: torch._C.{cls.__name__}.__call__ was replaced while it was "
-                          "hpu_autocast's; leaving the replacement in place", RuntimeWarning, stacklevel=4)
+                          "hpu_autocast's; leaving the replacement in place", RuntimeWarning, stacklevel=5)
 
 
 _wrap_sf, _wrap_sm = _wrap(_SF), _wrap(_SM)
-_torch_autocast.ON_FIRST_OPEN.append(_install)
-_torch_autocast.ON_LAST_CLOSE.append(_restore)

@@ -62,11 +62,12 @@ def _notes(policy: Policy) -> List[str]:
         notes.append(f"in-place ops on no list: {policy.inplace}")
     for op, message in sorted(policy.banned.items(), key=lambda kv: str(kv[0])):
         notes.append(f"banned: `{op}`: {message}")
-    if policy.missing:
-        notes.append("names this torch lacks: " + ", ".join(f"`{n}`" for n in policy.missing))
+    record = policy.record  # what the build let go of (not part of the policy's value)
+    if record.missing:
+        notes.append("names this torch lacks: " + ", ".join(f"`{n}`" for n in record.missing))
     if policy.c_names_only:
         notes.append("list names apply as on Gaudi: C++ function names of functional ops only")
-    for name, list_name, why in policy.ignored:
+    for name, list_name, why in record.ignored:
         notes.append(f"ignored, as on Gaudi: `{name}` on the {list_name} list ({why})")
     return notes
 

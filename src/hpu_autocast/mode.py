@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-from . import _devices, _engine, _torch_autocast, _torchscript  # noqa: F401 (_torch_autocast, _torchscript hook into the engine)
+from . import _devices, _engine
 from ._table import compile_policy
 from .builder import as_policy as _as_policy
 from .events import Event

@@ -1,8 +1,9 @@
 """Cast policies as plain, frozen data: a table from ``OpOverload`` to ``CastPolicy``.
 
 A ``Policy`` knows nothing about how casting happens, nor about op names: the engine reads
-it, ``hpu_autocast.builder`` builds it from names (resolved by ``hpu_autocast.names``), and
-``hpu_autocast.presets`` says which names make each preset.
+it, ``hpu_autocast.builder`` builds it from names (with ``_build``'s builders, which resolve
+them through ``hpu_autocast.names``), and ``hpu_autocast.presets`` says which names make each
+preset. What a build let go of is its ``BuildRecord``, kept beside the value.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch._ops import OpOverload
 
 from . import _ops
 
-__all__ = ["CastPolicy", "Policy"]
+__all__ = ["CastPolicy", "Policy", "BuildRecord"]
 
 
 class CastPolicy(enum.Enum):
@@ -71,6 +72,26 @@ def _overload(key: object, where: str) -> OpOverload:
 
 
 @dataclass(frozen=True)
+class BuildRecord:
+    """What building a policy let go of: the names of its source lists that it does not apply.
+
+    The builder attaches one to each policy it builds (``Policy.record``); ``hpu-autocast
+    policy`` and ``docs/policies.md`` print it. It is a record of how a policy was made, not part
+    of what the policy does: two policies that differ only in their records are equal.
+    """
+
+    #: Names from the source lists that this torch does not have.
+    missing: tuple = ()
+    #: The list names the policy does not apply, as ``(name, list, why)``: under
+    #: ``c_names_only``, Python names (``iadd``) and in-place or ``out=`` ones (``add_``).
+    ignored: tuple = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "missing", tuple(self.missing))
+        object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
+
+
+@dataclass(frozen=True)
 class Policy:
     """An immutable autocast policy.
 
@@ -81,7 +102,9 @@ class Policy:
     region. ``dtypes`` are the lower-precision dtypes the policy accepts.
 
     A policy is a value: equal policies hash alike, and it survives ``copy.deepcopy`` and
-    ``pickle`` (overloads travel by qualified name).
+    ``pickle`` (overloads travel by qualified name). Its ``record`` (a ``BuildRecord``: what its
+    build let go of, read as ``missing`` and ``ignored``) travels with it but is not part of
+    the value: it takes no part in equality, hashing, or the key compiled code is guarded on.
     """
 
     name: str
@@ -89,8 +112,6 @@ class Policy:
     input_only: frozenset = frozenset()
     banned: Mapping[OpOverload, str] = field(default_factory=dict)
     dtypes: tuple = (torch.bfloat16, torch.float16)
-    #: Names from the source lists that this torch does not have (kept for the record).
-    missing: tuple = ()
     #: Applied to functional ops not in the table (HMP: ``FIRST``, "run in the dtype of the
     #: first input"); ``None`` leaves them alone.
     unlisted: Optional[CastPolicy] = None
@@ -110,9 +131,8 @@ class Policy:
     #: Apply only list names that are C++ function names of functional ops, as Gaudi's bridge
     #: does (the ``hpu`` preset); ``with_lists`` keeps this for the lists it is given.
     c_names_only: bool = False
-    #: The list names this policy does not apply, as ``(name, list, why)``: under
-    #: ``c_names_only``, Python names (``iadd``) and in-place or ``out=`` ones (``add_``).
-    ignored: tuple = ()
+    #: What the build let go of (``BuildRecord``); not part of the value.
+    record: BuildRecord = field(default=BuildRecord(), compare=False, repr=False)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
     #: Set by ``_table.policy_serial`` (0: none yet); not part of the value.
     _serial: int = field(default=0, init=False, repr=False, compare=False)
@@ -131,8 +151,8 @@ class Policy:
                 _overload(op, f"Policy {self.name!r}: {name}")
             object.__setattr__(self, name, ops)
         object.__setattr__(self, "dtypes", tuple(self.dtypes))
-        object.__setattr__(self, "missing", tuple(self.missing))
-        object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
+        if not isinstance(self.record, BuildRecord):
+            raise TypeError(f"Policy {self.name!r}: record must be a BuildRecord, got {type(self.record).__name__}")
         for name in ("unlisted", "inplace"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _action(getattr(self, name), f"Policy {self.name!r}: {name}"))
@@ -141,6 +161,16 @@ class Policy:
 
     def __hash__(self) -> int:
         return self._hash
+
+    @property
+    def missing(self) -> tuple:
+        """Names from the source lists that this torch does not have (``record.missing``)."""
+        return self.record.missing
+
+    @property
+    def ignored(self) -> tuple:
+        """The list names this policy does not apply, as ``(name, list, why)`` (``record.ignored``)."""
+        return self.record.ignored
 
     def __reduce__(self):
         # Note: torch cannot pickle an OpOverload ("pybind11 ... is not pickleable"), so a

@@ -1,5 +1,5 @@
 """The preset registry: each preset is a data module, holding the op names of one source
-document, and the options ``hpu_autocast.builder.build_policy`` builds it with. The rules a
+document, and the options ``build_policy`` (``hpu_autocast._build``) builds it with. The rules a
 document states and the quirks of torch versions (names a build lacks, overloads it registers
 for an autocast dispatch key) are options here, never part of the data modules.
 
@@ -18,8 +18,7 @@ from typing import Any, Dict, List, Mapping
 
 import torch
 
-from .. import builder
-from ..builder import build_policy
+from .._build import build_policy
 from ..policy import CastPolicy, Policy
 from . import gaudi_autocast, gaudi_hmp, torch_amp_cpu, torch_amp_cuda, xpu_amp
 
@@ -80,5 +79,3 @@ def get_preset(name: str) -> Policy:
         raise ValueError(f"unknown policy preset {name!r}; valid presets: {', '.join(preset_names())}") from None
     return build_policy(name, **options)
 
-
-builder.set_preset_lookup(get_preset)  # see builder's [Note: the registry hands in its lookup]
