@@ -154,6 +154,7 @@ def machine_info(backend: Backend) -> Dict[str, object]:
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "hpu_autocast": hpu_autocast.__version__,
+        "engine": hpu_autocast.ENGINE,
         "commit": _git_commit(),
         "device": backend.name,
         "device_name": backend.device_name,
@@ -251,7 +252,7 @@ def format_table(results: Dict[str, object]) -> str:
     s = results["settings"]
     device = f"{m['cpu']}, {_fast_bf16(m.get('fast_bf16'))}" if m["device"] == "cpu" else m["device_name"]
     lines = [f"hpu_autocast benchmarks: {device} ({m['device']}), {m['cores']} cores, threads={m['threads']}, "
-             f"torch {m['torch']}",
+             f"torch {m['torch']}, engine {m.get('engine', 'python')}",
              f"  {s['dtype']}, policy {s['policy']} vs {s['native']}, {s['mode']}, {s['rounds']} rounds, "
              f"clock {s.get('clock', '?')}",
              "",

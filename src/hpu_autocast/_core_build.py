@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import sysconfig
 from pathlib import Path
@@ -66,14 +67,28 @@ def build(verbose: bool = False) -> Path:
 
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    _ninja_on_path()
     try:
         cpp_extension.load(name=MODULE, sources=[str(SOURCE)], build_directory=str(directory),
                            extra_cflags=["-O2"], verbose=verbose)
     except (RuntimeError, OSError, ImportError, SystemExit) as e:
         raise RuntimeError(f"hpu_autocast: the C++ core could not be built in {directory}: {e}; "
-                           "it needs a C++ compiler (g++ or clang++), ninja, and torch's headers "
+                           "it needs a C++ compiler (g++ or clang++), ninja (`pip install ninja`), and torch's headers "
                            "(the Python kernels run meanwhile, with the same results)") from e
     path = built_path()
     if path is None:
         raise RuntimeError(f"hpu_autocast: the C++ core was built in {directory}, but no {MODULE} module is there")
     return path
+
+
+def _ninja_on_path() -> None:
+    """torch's extension builder runs ``ninja`` from ``PATH``; where only the ``ninja`` wheel is
+    installed (``pip install ninja``, into an environment whose ``bin`` is not on ``PATH``), its
+    binary is put on ``PATH`` for this process."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return  # cpp_extension's own error says ninja is missing
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
