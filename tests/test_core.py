@@ -229,4 +229,3 @@ def test_a_build_is_found_only_for_the_torch_and_source_it_was_built_from():
     tag = _core_build.build_dir().name
     assert f"torch{torch.__version__}-" in tag and sys.implementation.cache_tag in tag
     assert _core_build.hashlib.sha256(_core_build.SOURCE.read_bytes()).hexdigest()[:12] in tag
-
