@@ -20,5 +20,5 @@ def test_the_demo_trains_and_reports_under_its_policy():
     lines = run.stdout.splitlines()
     assert [line.split(":")[0] for line in lines[:2]] == ["step 0", "step 1"]
     # The report's header named neither ("policy ?, dtype ?") before the demo gave its recorder them.
-    assert "hpu_autocast precision report: policy hpu, dtype bf16" in lines
+    assert f"hpu_autocast precision report: policy hpu, dtype bf16, engine {hpu_autocast.ENGINE}" in lines
     assert any(line.startswith("aten.linear.default") and " lower " in line for line in lines)

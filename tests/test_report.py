@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpu_autocast import HpuAutocastMode, build_policy
-from hpu_autocast import PrecisionReport, Recorder, op_graph, record
+from hpu_autocast import ENGINE, PrecisionReport, Recorder, op_graph, record
 
 
 def _model():
@@ -34,7 +34,7 @@ class _CastsBelow(TorchDispatchMode):
 
 
 EXPECTED = """\
-hpu_autocast precision report: policy hpu, dtype bf16
+hpu_autocast precision report: policy hpu, dtype bf16, engine {engine}
 op                               action      dtypes               calls  casts  cast bytes  FLOPs
 aten.linear.default              lower       f32,f32,f32 -> bf16      1      3          46     48
 aten.relu.default                not listed  bf16 -> bf16             1      0           0      -
@@ -44,7 +44,7 @@ casts inserted: 4 (70 bytes)
 matmul/conv FLOPs: 48 (bf16 100.0%)
 warnings:
   - aten.cross_entropy_loss.default (fp32 list) got bf16 input: it computes in f32 from values already rounded; \
-move their producer to the fp32 list if that matters"""
+move their producer to the fp32 list if that matters""".replace("{engine}", ENGINE)
 
 
 def test_report_text_of_linear_relu_cross_entropy():
@@ -63,7 +63,7 @@ def test_report_markdown_and_json():
         F.cross_entropy(F.relu(lin(x)), y)
     r = rec.report()
     assert r.to_markdown().splitlines()[:6] == [
-        "**hpu_autocast precision report**: policy `hpu`, dtype `bf16`",
+        f"**hpu_autocast precision report**: policy `hpu`, dtype `bf16`, engine `{ENGINE}`",
         "",
         "| op | action | dtypes | calls | casts | cast bytes | FLOPs |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
@@ -156,7 +156,7 @@ def test_empty_report():
     with record(enabled=False) as rec:
         torch.mm(torch.ones(2, 2), torch.ones(2, 2))  # a disabled region observes nothing
     assert str(rec.report()) == "\n".join([
-        "hpu_autocast precision report: policy hpu, dtype bf16",
+        f"hpu_autocast precision report: policy hpu, dtype bf16, engine {ENGINE}",
         "op  action  dtypes  calls  casts  cast bytes  FLOPs",
         "",
         "casts inserted: 0 (0 bytes)",

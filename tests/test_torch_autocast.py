@@ -392,6 +392,11 @@ def test_an_op_registered_after_a_region_opened_is_honoured_by_the_next(lib):
 
 
 # --- the patches, installed only while a region is open -------------------------------------------
+#: The generator non-reentrant checkpoint calls (torch 2.14 added ``_impl``; the old name became
+#: a shim it no longer calls), read from torch, not from the package.
+_GENERATOR = ("_checkpoint_without_reentrant_generator_impl"
+              if hasattr(torch_checkpoint, "_checkpoint_without_reentrant_generator_impl")
+              else "_checkpoint_without_reentrant_generator")
 #: What is patched while a region is open, as torch had it when this module was imported (no
 #: region is open at collection; _torch_autocast.PATCHED must name no more than this).
 TORCH_OWN = {
@@ -400,8 +405,7 @@ TORCH_OWN = {
     (torch, "set_autocast_enabled"): torch.set_autocast_enabled,
     (torch, "set_autocast_dtype"): torch.set_autocast_dtype,
     (torch._C, "_is_any_autocast_enabled"): torch._C._is_any_autocast_enabled,
-    (torch_checkpoint, "_checkpoint_without_reentrant_generator"):
-        torch_checkpoint._checkpoint_without_reentrant_generator,
+    (torch_checkpoint, _GENERATOR): getattr(torch_checkpoint, _GENERATOR),
     (torch_checkpoint, "CheckpointFunction"): torch_checkpoint.CheckpointFunction,
 }
 #: The deprecated per-device spellings, which are not patched (see the limits below).
@@ -501,6 +505,29 @@ def test_a_recomputation_after_the_region_counts_as_an_open_region(reentrant):
     y.sum().backward()
     assert seen == [(True, True), (True, True)] and x.grad is not None
     assert _torchs_own()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpoint_recomputes_under_the_regions_policy_not_natives(reentrant):
+    # mm on the policy's fp32 list (native CPU autocast lowers it): the recomputation, in
+    # backward after the region exited, must run mm in float32 again. On torch 2.14 the patched
+    # generator was a shim checkpoint no longer called: the recomputation ran under native
+    # autocast (mm in bfloat16) and torch's metadata check raised.
+    mm_fp32 = build_policy("mm-fp32", fp32=["mm"], device_type="cpu")
+    x = torch.randn(4, 4, requires_grad=True)
+
+    def f(t):
+        return torch.relu(torch.mm(t, t.t()))
+
+    grads = []
+    for run in (f, lambda t: torch_checkpoint.checkpoint(f, t, use_reentrant=reentrant)):
+        with HpuAutocastMode(torch.bfloat16, policy=mm_fp32):
+            y = run(x)
+        assert y.dtype == torch.float32
+        y.sum().backward()
+        grads.append(x.grad)
+        x.grad = None
+    assert torch.equal(grads[0], grads[1])
 
 
 # --- native autocast around a region -------------------------------------------------------------

@@ -170,13 +170,20 @@ def _region_of(state: _regions.State) -> _regions.Region:
     return _regions.Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
 
 
+#: The generator non-reentrant ``checkpoint`` calls: from torch 2.14, ``..._impl`` (the old name is
+#: kept as a shim ``checkpoint`` no longer calls; patching it left recomputations to native
+#: autocast there).
+_GENERATOR = next(n for n in ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
+                  if hasattr(_checkpoint, n))
+
+
 def _checkpoint_without_reentrant_generator(fn, *args, **kwargs):
     # `checkpoint` calls the forward itself and hands `fn` to this generator for the
     # recomputation only.
     state = _regions.current()
     if _regions.innermost() is not None:
         fn = _recompute_in_region(fn, state)
-    return _real["_checkpoint_without_reentrant_generator"](fn, *args, **kwargs)
+    return _real[_GENERATOR](fn, *args, **kwargs)
 
 
 class _CheckpointFunction:
@@ -316,7 +323,7 @@ PATCHED: Tuple[Tuple[object, str, object], ...] = (
     (torch, "set_autocast_enabled", set_autocast_enabled),
     (torch, "set_autocast_dtype", set_autocast_dtype),
     (*_torch.ANY_AUTOCAST_ENABLED, _is_any_autocast_enabled),
-    (_checkpoint, "_checkpoint_without_reentrant_generator", _checkpoint_without_reentrant_generator),
+    (_checkpoint, _GENERATOR, _checkpoint_without_reentrant_generator),
     (_checkpoint, "CheckpointFunction", _CheckpointFunction()),
 )
 

@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
-from . import _ops
+from . import _core, _ops
 from .events import Event, Outcome, short_dtype
 from .log import decision
 from .policy import CastPolicy
@@ -245,11 +245,16 @@ class PrecisionReport:
     """What ran in which dtype in one recording. ``str()`` is a readable table;
     ``to_json()``, ``to_markdown()`` and ``plot(path)`` give the same data in other forms."""
 
-    def __init__(self, rows: List[Row], warnings: List[str], policy: Optional[str], dtype: Optional[str]) -> None:
+    def __init__(self, rows: List[Row], warnings: List[str], policy: Optional[str], dtype: Optional[str],
+                 engine: Optional[str] = None) -> None:
         self.rows = rows
         self.warnings = warnings
         self.policy = policy
         self.dtype = dtype
+        #: Which engine runs this process's regions that do not observe (``hpu_autocast.ENGINE``):
+        #: ``"c++"`` or ``"python"``. A recording observes, so the Python kernels decided its calls
+        #: (the same rules either way).
+        self.engine = engine if engine is not None else _core.ENGINE
 
     # -- totals -------------------------------------------------------------------------
     @property
@@ -313,14 +318,16 @@ class PrecisionReport:
     _HEADER = ["op", "action", "dtypes", "calls", "casts", "cast bytes", "FLOPs"]
 
     def __str__(self) -> str:
-        head = f"hpu_autocast precision report: policy {self.policy or '?'}, dtype {self.dtype or '?'}"
+        head = (f"hpu_autocast precision report: policy {self.policy or '?'}, dtype {self.dtype or '?'}, "
+                f"engine {self.engine}")
         lines = [head, *_table(self._HEADER, self._cells(), {3, 4, 5, 6}), "", *self._summary()]
         if self.warnings:
             lines += ["warnings:", *(f"  - {w}" for w in self.warnings)]
         return "\n".join(lines)
 
     def to_markdown(self) -> str:
-        lines = [f"**hpu_autocast precision report**: policy `{self.policy}`, dtype `{self.dtype}`", "",
+        lines = [f"**hpu_autocast precision report**: policy `{self.policy}`, dtype `{self.dtype}`, "
+                 f"engine `{self.engine}`", "",
                  "| " + " | ".join(self._HEADER) + " |",
                  "| " + " | ".join("---:" if i >= 3 else "---" for i in range(len(self._HEADER))) + " |"]
         for c in self._cells():
@@ -333,7 +340,7 @@ class PrecisionReport:
 
     def to_dict(self) -> dict:
         return {
-            "policy": self.policy, "dtype": self.dtype,
+            "policy": self.policy, "dtype": self.dtype, "engine": self.engine,
             "rows": [asdict(r) for r in self.rows],
             "casts": self.casts, "cast_bytes": self.cast_bytes,
             "flops_by_dtype": self.flops_by_dtype, "lower_flop_share": self.lower_flop_share,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import hpu_autocast
 from hpu_autocast import _report_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ DEMO = str(ROOT / "examples" / "report_demo.py")
 
 # The demo's training step, one step (see docs/report.md for the reading of each row).
 DEMO_REPORT = """\
-hpu_autocast precision report: policy hpu, dtype bf16
+hpu_autocast precision report: policy hpu, dtype bf16, engine {engine}
 op                                       action      dtypes                  calls  casts  cast bytes  FLOPs
 aten.uniform_.default                    not listed  f32 -> f32                  4      0           0      -
 aten.linear.default                      lower       f32,f32,f32 -> bf16         1      3         368   1280
@@ -39,7 +40,7 @@ matmul/conv FLOPs: 4480 (bf16 100.0%)
 warnings:
   - aten.cross_entropy_loss.default (fp32 list) got bf16 input: it computes in f32 from values already rounded; \
 move their producer to the fp32 list if that matters
-"""
+""".replace("{engine}", hpu_autocast.ENGINE)
 
 
 def _dynamo_import_runs_tensor_ops() -> bool:
@@ -79,7 +80,7 @@ def test_script_arguments_exit_code_and_outputs(tmp_path, capsys):
     assert code == 3
     assert out.splitlines()[:4] == [
         "['a', '--b']",
-        "hpu_autocast precision report: policy torch-cpu, dtype bf16",
+        f"hpu_autocast precision report: policy torch-cpu, dtype bf16, engine {hpu_autocast.ENGINE}",
         "op               action  dtypes           calls  casts  cast bytes  FLOPs",
         "aten.mm.default  lower   f32,f32 -> bf16      1      2          16     16",
     ]
