@@ -9,6 +9,8 @@ fixes), or later where marked.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -189,3 +191,78 @@ def test_a_weight_used_in_torch_autocast_and_in_a_region_nested_in_it_shares_nat
 
     ours, native = run(_ours()), run(_native())
     assert all(_same(o, n) for o, n in zip(ours, native))
+
+
+# --- a checkpoint in torch.autocast inside disable_casts() outside any region -----------------------
+
+_OFF_OUTSIDE = {  # the package's disabled region with no policy, and native's spelling of it
+    "disable_casts": (hpu_autocast.disable_casts, lambda: torch.autocast("cpu", enabled=False)),
+    "disabled_cpu_region": (lambda: HpuAutocastMode(enabled=False, device_type="cpu"),
+                            lambda: torch.autocast("cpu", enabled=False)),
+}
+_ON_INSIDE = {
+    "cpu_amp_no_dtype": lambda: torch.cpu.amp.autocast(dtype=None, cache_enabled=True),
+    "autocast_bfloat16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "autocast_float16": lambda: torch.autocast("cpu", dtype=F16),
+}
+
+
+@pytest.mark.filterwarnings("ignore:`torch.cpu.amp.autocast")
+@pytest.mark.parametrize("backward_in", ["nothing", "region"])
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("inner", sorted(_ON_INSIDE))
+@pytest.mark.parametrize("off", sorted(_OFF_OUTSIDE))
+def test_a_checkpoint_in_torch_autocast_inside_a_disabled_region_outside_any_recomputes_natively(
+        off, inner, reentrant, backward_in):
+    # The fuzzer's (HPU_AUTOCAST_FUZZ_SEED=41, 6000 programs), on main at cbe976e under both
+    # engines: a disabled region with no policy owns no device, so the torch.autocast inside it
+    # turned torch's own CPU autocast on and the forward ran natively in the lower dtype. The
+    # recomputation ran in a disabled region for CPU, which suspended the torch.autocast that
+    # torch's checkpoint rebuilt around it (and a region open around the backward took that
+    # torch.autocast as its own): float32. Was: CheckpointError "Recomputed values ... have
+    # different metadata" (non-reentrant) or a gradient computed in float32 (reentrant).
+    def run(make_off, backward_ctx):
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 8, generator=g, requires_grad=True), torch.randn(8, 8, generator=g, requires_grad=True)
+        with make_off(), _ON_INSIDE[inner]():
+            y = checkpoint(_mm_relu, x, w, use_reentrant=reentrant)
+        with backward_ctx:
+            y.float().sum().backward()
+        return y, x.grad, w.grad
+
+    ours_off, native_off = _OFF_OUTSIDE[off]
+    in_region = backward_in == "region"
+    ours = run(ours_off, _ours(F16) if in_region else contextlib.nullcontext())
+    native = run(native_off, _native(F16) if in_region else contextlib.nullcontext())
+    assert native[0].dtype != torch.float32
+    assert all(_same(o, n) for o, n in zip(ours, native))
+
+
+# --- a checkpoint in an opt-out, whose function turns casting back on ----------------------------
+
+def _softmax_block(a, b):
+    with torch.autocast("cpu"):  # inside an opt-out: turns the region's policy back on
+        return torch.softmax(torch.mm(a, b) + b, -1) * b
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("off", ["disable_casts", "autocast_off"])
+def test_a_checkpoint_in_an_opt_out_recomputes_a_torch_autocast_inside_under_the_regions_policy(off, reentrant):
+    # Found next to the fuzzer's finding above (the fuzzer's programs run torch-cpu, whose lists
+    # are native's, so it cannot see this one). Inside an opt-out of a region, the torch.autocast
+    # in the checkpointed function turns the region's policy (Gaudi's lists here) back on in the
+    # forward; the recomputation ran in a bare disabled region, where that torch.autocast turned
+    # torch's own CPU lists on instead. Was: CheckpointError (non-reentrant) or a different
+    # gradient (reentrant). The oracle: the same code without the checkpoint.
+    def run(use_checkpoint):
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(8, 8, generator=g, requires_grad=True), torch.randn(8, 8, generator=g, requires_grad=True)
+        opt_out = hpu_autocast.disable_casts() if off == "disable_casts" else torch.autocast("cpu", enabled=False)
+        with HpuAutocastMode(torch.bfloat16, policy="hpu", device_type="cpu"), opt_out:
+            y = checkpoint(_softmax_block, x, w, use_reentrant=reentrant) if use_checkpoint else _softmax_block(x, w)
+        y.float().sum().backward()
+        return y, x.grad, w.grad
+
+    plain, checkpointed = run(False), run(True)
+    assert plain[0].dtype == torch.bfloat16
+    assert all(_same(p, c) for p, c in zip(plain, checkpointed))

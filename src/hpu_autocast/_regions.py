@@ -30,7 +30,7 @@ from ._table import CompiledPolicy, OpRule
 from .events import Event
 
 __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
-           "replace_innermost", "GUARD"]
+           "replace_innermost", "native_devices", "GUARD"]
 
 _EMPTY: Dict[int, OpRule] = {}
 _cache_on = torch._C.is_autocast_cache_enabled
@@ -215,7 +215,7 @@ def enter(region: Region, k: _dispatch.Keys, opened: Callable[[], None]) -> None
     # A region owns autocast for its device: torch's own is suspended there, so the innermost
     # decides (a disabled one, disable_casts(), turns it off as torch.autocast(enabled=False)).
     if region.every_device and not region.enabled:
-        region.native_was_on = _suspend(_native_devices(k))
+        region.native_was_on = _suspend(native_devices(k))
     elif region.device_type != "meta" and _native_is_enabled(region.device_type):  # no meta autocast
         region.native_was_on = _suspend((region.device_type,))
     _set_frame(Frame(region, parent, region.enabled, region.dtype))
@@ -244,7 +244,7 @@ def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
     return on
 
 
-def _native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
+def native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
     """Devices whose torch autocast a ``disable_casts()`` turns off: all but those whose autocast
     keys this package borrowed (their state is the engine's own)."""
     return tuple(d for d in NATIVE_AUTOCAST_HERE if d not in (k.ops_device, k.all_device))

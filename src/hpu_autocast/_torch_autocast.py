@@ -31,6 +31,16 @@ functions ``checkpoint`` calls (``_checkpoint_without_reentrant_generator`` and
 into force inside torch's autocast contexts and, as any region, suspends native autocast for its
 device, so the recomputed ops see the forward's casts and the saved metadata matches.
 
+Torch's own autocast for the devices the forward's region did not own is part of that state too:
+a ``torch.autocast("cpu")`` inside ``disable_casts()`` (a disabled region owns no device) casts
+the forward natively. torch's checkpoint records it, but the contexts it rebuilds from the record
+do not reach the recomputation: the recomputation's region suspends torch's autocast for its
+device, and a region open around the backward takes them as its own. So the recomputation also
+records torch's autocast state (on/off and dtype) at the forward for every device whose autocast
+torch keeps (``_native_state``), and runs under it inside its region. And a forward in an opt-out
+of a region (``disable_casts()`` or ``torch.autocast(enabled=False)`` inside it) recomputes in
+that opt-out, policy kept, so a ``torch.autocast`` in the function turns the same policy back on.
+
 [Note: optimizer steps run with casting off]
 Every source document keeps the optimizer step outside autocast: torch's AMP recipe and Gaudi's
 autocast put it after the region, HMP asks for ``with hmp.disable_casts(): optimizer.step()``.
@@ -145,27 +155,81 @@ def _is_any_autocast_enabled() -> bool:
 
 
 # -- checkpointing -----------------------------------------------------------------------------
-def _recompute_in_region(fn: Callable, state: _regions.State) -> Callable:
+def _recompute_in_region(fn: Callable) -> Callable:
+    """``fn`` to run, at the recomputation, under the calling context's state now (the forward's)."""
+    state, opt_out, native = _regions.current(), _opt_out_here(), _native_state()
+
     def recompute(*args, **kwargs):
         # A region reproducing ``state`` (a policy's, or off), opened as the engine opens one
         # (``_engine.enter``, which this module is below): backward runs after the forward's
         # region exited, so this one may be the process's only open region again.
-        region = _region_of(state)
+        region = _region_of(state, opt_out)
         _regions.enter(region, _kernels.keys(), acquire)
         try:
-            return fn(*args, **kwargs)
+            was = _set_native(native)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _set_native(was)
         finally:
             _regions.exit(region, release)
 
     return recompute
 
 
-def _region_of(state: _regions.State) -> _regions.Region:
-    """A region reproducing ``state``: its policy, dtype, device and cache; or, for ``OFF``, a
-    disabled one for the device of the innermost region here (else ``cpu``)."""
+# torch's own functions (the patched ones are ``torch``'s attributes, not ``torch._C``'s).
+_native_enabled = torch._C.is_autocast_enabled
+_native_dtype = torch._C.get_autocast_dtype
+_native_set_enabled = torch._C.set_autocast_enabled
+_native_set_dtype = torch._C.set_autocast_dtype
+
+
+def _native_state() -> Tuple[Tuple[str, bool, torch.dtype], ...]:
+    """torch's own autocast state (device, on, dtype) in the calling context, for each device whose
+    autocast is torch's (not a borrowed key's) and not the innermost region's (a region with a
+    policy owns its device: torch's autocast there is suspended, and the region's state stands
+    for it)."""
+    frame = _regions.innermost()
+    owned = frame.region.device_type if frame is not None and frame.region.compiled is not None else None
+    return tuple((d, _native_enabled(d), _native_dtype(d))
+                 for d in _regions.native_devices(_kernels.keys()) if d != owned)
+
+
+def _set_native(state: Tuple[Tuple[str, bool, torch.dtype], ...]) -> Tuple[Tuple[str, bool, torch.dtype], ...]:
+    """Set torch's own autocast to ``state`` (``_native_state``'s); returns what it was."""
+    was = tuple((d, _native_enabled(d), _native_dtype(d)) for d, _, _ in state)
+    for d, enabled, dtype in state:
+        _native_set_enabled(d, enabled)
+        _native_set_dtype(d, dtype)
+    return was
+
+
+def _opt_out_here() -> Optional[tuple]:
+    """The innermost region in the calling context if it holds a policy switched off (a region
+    in a ``torch.autocast(enabled=False)``, or ``disable_casts()`` inside a region: an opt-out),
+    as (compiled policy, dtype, device type, cache); else ``None``. A ``torch.autocast`` inside
+    an opt-out turns that policy back on, in the recomputation too."""
+    frame = _regions.innermost()
+    if frame is None or frame.enabled or frame.region.compiled is None:
+        return None
+    region = frame.region
+    # Its compiled policy itself, not the Policy: its kernels are registered (by the region
+    # with the policy on that it opts out of).
+    return region.compiled, frame.dtype, region.device_type, region.cache_enabled
+
+
+def _region_of(state: _regions.State, opt_out: Optional[tuple] = None) -> _regions.Region:
+    """A region reproducing ``state``: its policy, dtype, device and cache; or, for ``OFF``, the
+    forward's opt-out (``_opt_out_here``) if it ran in one, else a disabled one for the device of
+    the innermost region here (else ``cpu``)."""
     if state.enabled:
         return _regions.Region(compile_policy(state.policy), state.dtype, state.device_type, True,
                                state.cache_enabled)
+    if opt_out is not None:
+        compiled, dtype, device_type, cache_enabled = opt_out
+        region = _regions.Region(compiled, dtype, device_type, False, cache_enabled)
+        region.rules = compiled.by_id  # what a torch.autocast inside turns on (as _regions' opt-out)
+        return region
     frame = _regions.innermost()
     return _regions.Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
 
@@ -180,9 +244,8 @@ _GENERATOR = next(n for n in ("_checkpoint_without_reentrant_generator_impl", "_
 def _checkpoint_without_reentrant_generator(fn, *args, **kwargs):
     # `checkpoint` calls the forward itself and hands `fn` to this generator for the
     # recomputation only.
-    state = _regions.current()
     if _regions.innermost() is not None:
-        fn = _recompute_in_region(fn, state)
+        fn = _recompute_in_region(fn)
     return _real[_GENERATOR](fn, *args, **kwargs)
 
 
@@ -195,8 +258,7 @@ class _CheckpointFunction:
         original = _real["CheckpointFunction"]
         if _regions.innermost() is None:
             return original.apply(function, preserve_rng_state, *args)
-        state = _regions.current()
-        recompute = _recompute_in_region(function, state)
+        recompute = _recompute_in_region(function)
         calls = []
 
         def run(*a, **kw):
