@@ -448,8 +448,10 @@ void to_python(const Kernel& k, const c10::OperatorHandle& op, DispatchKeySet ks
 }
 
 // --- registration and the region state, from Python --------------------------------------------
-std::vector<std::unique_ptr<torch::Library>> libraries;  // kept for the life of the process
-std::unordered_map<std::string, size_t> op_index;        // "ns::name.overload" -> Kernel::index
+// Kept for the life of the process and never destroyed: at exit, static destructors run in no
+// set order across libraries, and a registration outliving the dispatcher must not be undone.
+auto& libraries = *new std::vector<std::unique_ptr<torch::Library>>();
+auto& op_index = *new std::unordered_map<std::string, size_t>();  // "ns::name.overload" -> Kernel::index
 
 size_t register_kernel(const std::string& ns, const std::string& name, const std::string& overload,
                        DispatchKey key, py::object python) {
