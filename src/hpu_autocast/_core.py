@@ -100,6 +100,10 @@ def _kind(compiled, device_type: str, keys):
     count = len(compiled.rules) if compiled is not None else 0
     entry = kinds.get(device_type)
     if entry is None or entry[0] != count or entry[1] is not keys.all:
+        if count:
+            # A disabled region keeps its policy for a torch.autocast inside to turn on, whether
+            # or not a region of it has opened yet: its rules need the kernels registered.
+            keys.register(compiled.rules)
         rows = [_row(rule, keys.indices[op], device_type) for op, rule in compiled.rules.items()] if count else []
         entry = kinds[device_type] = (count, keys.all, core.RegionKind(core.make_table(rows), device_type, keys.ops,
                                                                        keys.all))
