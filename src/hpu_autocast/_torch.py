@@ -38,6 +38,24 @@ name (``torch._C.``)                        use; fallback
 
 Not private, but of the same kind and also only asked here: ``torch._C.DispatchKey`` by name
 (``dispatch_key``: ``None`` for a key this torch lacks).
+
+The C++ core (``csrc/core.cpp``) reaches torch's C++ surface, compiled against the installed
+torch's headers; it was built and its suite run on torch 2.4.1, 2.6.0, 2.9.1, 2.13.0 and 2.14.1.
+Where a name is missing the build fails and the Python kernels run (``_core``). What it uses
+beyond the public ``torch::Library`` and ``c10::OperatorHandle`` (boxed calls, redispatch):
+
+================================================  ==============================================
+C++ name                                          use
+================================================  ==============================================
+``c10::impl::ExcludeDispatchKeyGuard``            the engine's keys excluded around a call
+``c10::impl::tls_is_dispatch_key_excluded``       whether a native autocast key is on
+``c10::impl::TorchDispatchModeTLS::stack_len``    a dispatch mode is on: hand the call to Python
+``at::autocast::is_autocast_cache_enabled``       torch's cache flag (as the Python path reads it)
+``torch::jit::toPyObject`` / ``toIValue``         the hand-off's arguments and result
+``torch::getTHPDtype`` / ``getTHPLayout``,        the same, for ``ScalarType``, ``Layout`` and
+``torch::utils::getTHPMemoryFormat``              ``MemoryFormat`` arguments
+``PyThreadState.context`` (CPython)               the running context (Note [the frame in C++])
+================================================  ==============================================
 """
 
 from __future__ import annotations
