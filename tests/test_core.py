@@ -2,8 +2,8 @@
 Python kernels, that the two share one cast cache, and how the engine is chosen.
 
 Its results are checked where every result is: CI runs the whole suite once under each engine
-(``.ci/run``: ``HPU_AUTOCAST_ENGINE=c++``, then ``=python``), parity, real-model and fuzzer suites
-included. These tests pin what only the core has; they skip where it is not built.
+(``.ci/run``: with the core built and ``hpu-autocast info`` saying it runs, then with
+``HPU_AUTOCAST_ENGINE=python``), parity, real-model and fuzzer suites included. These tests pin what only the core has; they skip where it is not built.
 """
 
 from __future__ import annotations
