@@ -30,7 +30,7 @@ from ._table import CompiledPolicy, OpRule
 from .events import Event
 
 __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
-           "replace_innermost", "native_devices", "GUARD"]
+           "replace_innermost", "native_devices", "keep_policy_off", "GUARD"]
 
 _EMPTY: Dict[int, OpRule] = {}
 _cache_on = torch._C.is_autocast_cache_enabled
@@ -230,10 +230,17 @@ def _opt_out_of(parent: Frame, region: Region) -> None:
     outer = parent.region
     if outer.compiled is None or outer.device_type != region.device_type:
         return
-    region.compiled = outer.compiled
-    region.rules = outer.rules
-    region.dtype = parent.dtype
-    region.cache_enabled = outer.cache_enabled
+    keep_policy_off(region, outer.compiled, parent.dtype, outer.cache_enabled)
+
+
+def keep_policy_off(region: Region, compiled: CompiledPolicy, dtype: torch.dtype, cache_enabled: bool) -> None:
+    """Make the disabled ``region`` an opt-out of ``compiled``: it holds the policy, its dtype and
+    cache setting, switched off, and a ``torch.autocast`` inside it turns those rules back on
+    (``_opt_out_of``; a checkpoint's recomputation in an opt-out, ``_torch_autocast``)."""
+    region.compiled = compiled
+    region.rules = compiled.by_id
+    region.dtype = dtype
+    region.cache_enabled = cache_enabled
 
 
 def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:

@@ -227,8 +227,8 @@ def _region_of(state: _regions.State, opt_out: Optional[tuple] = None) -> _regio
                                state.cache_enabled)
     if opt_out is not None:
         compiled, dtype, device_type, cache_enabled = opt_out
-        region = _regions.Region(compiled, dtype, device_type, False, cache_enabled)
-        region.rules = compiled.by_id  # what a torch.autocast inside turns on (as _regions' opt-out)
+        region = _regions.Region(None, dtype, device_type, False, cache_enabled)
+        _regions.keep_policy_off(region, compiled, dtype, cache_enabled)
         return region
     frame = _regions.innermost()
     return _regions.Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
