@@ -37,6 +37,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -317,7 +318,7 @@ void Kernel::apply(const Rule& rule, const Frame& f, const c10::OperatorHandle& 
     c10::impl::ExcludeDispatchKeyGuard guard(region.engine_keys);
     // Which arguments the rule looks at; then cast them last to first (Note [the order of
     // casts] in _kernels), a list's items in order.
-    std::vector<int> positions;
+    c10::SmallVector<int, 8> positions;  // on the stack: this runs for every cast op
     for_each_input(rule, args, n, [&](size_t i, const at::Tensor&) {
       if (positions.empty() || positions.back() != static_cast<int>(i)) positions.push_back(static_cast<int>(i));
     });
