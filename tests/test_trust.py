@@ -356,6 +356,26 @@ def test_guards_in_a_worker_thread_a_region_spawns_answer_as_natives(how):
     assert ours == native
 
 
+def test_thread_state_copied_inside_a_region_never_holds_the_last_reference_to_its_stash():
+    # Was: each region entry and exit stashed a new frame in torch's thread-local state, so a
+    # copy of that state (a future's callback: DDP's all-reduces complete on gloo's threads)
+    # could hold the last reference to a frame and release it on a thread of torch's own; one
+    # doing so while the interpreter shut down aborted a DDP run ("terminate called without an
+    # active exception"). What the copy sees must be what the thread still holds.
+    from hpu_autocast import _torch
+
+    if not hasattr(torch._C, "_stash_obj_in_tls"):
+        pytest.skip("this torch has no thread-local stash")
+    fut = torch.futures.Future()
+    with HpuAutocastMode(torch.bfloat16):
+        copied = fut.then(lambda _: _torch.tls_stashed())  # runs with the state captured here
+        with HpuAutocastMode(torch.float16, policy="torch-cpu"):
+            nested = fut.then(lambda _: _torch.tls_stashed())
+    fut.set_result(None)
+    assert copied.wait() is not None
+    assert copied.wait() is nested.wait() is _torch.tls_stashed()
+
+
 def test_the_cache_flag_survives_regions_that_exit_out_of_order():
     # Was: hmp.convert's region (cache off) reset under a later region left torch's flag off for
     # the rest of the process, and native autocast stopped caching weights.

@@ -99,11 +99,27 @@ _get_frame = _FRAME.get
 
 # Autograd runs backward on worker threads of its own (CUDA), which start with an empty context
 # but inherit the caller's thread-local state, torch's Python objects stashed there included
-# (``ThreadLocalState``). The innermost frame is stashed there too, with the thread it belongs
-# to, so a backward run inside a region casts there as it would in the region's thread.
+# (``ThreadLocalState``). So each thread stashes there, once, a cell holding its innermost frame,
+# and a backward run inside a region casts on the worker as it would in the region's thread.
+# Once, not a frame per change: every copy of that state (autograd's, and the callbacks of
+# futures, which the DDP reducer's all-reduces complete on gloo's threads) holds a reference to
+# what is stashed, and the copy dropping the last one releases the object, taking the GIL on
+# its thread; a gloo thread doing so while the interpreter shuts down aborts the process. The
+# thread's own state keeps the cell, so no copy ever holds its last reference.
+class _Inherited:
+    __slots__ = ("frame",)
+
+    def __init__(self, frame: Optional[Frame]) -> None:
+        self.frame = frame
+
+
 def _set_frame(frame: Optional[Frame]) -> None:
     _FRAME.set(frame)
-    _torch.tls_stash(frame)
+    try:
+        _thread.inherited.frame = frame
+    except AttributeError:  # the thread's first region
+        _thread.inherited = _Inherited(frame)
+        _torch.tls_stash(_thread.inherited)
     _core.set_frame(frame)
 
 
@@ -115,7 +131,8 @@ def _open(frame: Optional[Frame]) -> Optional[Frame]:
 
 def _inherited() -> Optional[Frame]:
     # Only in another thread than the frame's own: in its own thread, the context decides.
-    frame = _torch.tls_stashed()
+    cell = _torch.tls_stashed()
+    frame = cell.frame if cell is not None else None
     return _open(frame) if frame is not None and frame.region.thread != threading.get_ident() else None
 
 
