@@ -356,24 +356,39 @@ def test_guards_in_a_worker_thread_a_region_spawns_answer_as_natives(how):
     assert ours == native
 
 
-def test_thread_state_copied_inside_a_region_never_holds_the_last_reference_to_its_stash():
-    # Was: each region entry and exit stashed a new frame in torch's thread-local state, so a
-    # copy of that state (a future's callback: DDP's all-reduces complete on gloo's threads)
-    # could hold the last reference to a frame and release it on a thread of torch's own; one
-    # doing so while the interpreter shut down aborted a DDP run ("terminate called without an
-    # active exception"). What the copy sees must be what the thread still holds.
+def test_what_a_thread_stashes_for_autograds_workers_is_one_object_for_the_threads_life():
+    # Was: each region entry and exit stashed a new object (the frame, or None) in torch's
+    # thread-local state, so a copy of that state could hold the last reference to one: the copy
+    # each gloo all-reduce keeps (``ProcessGroupGloo::AsyncWork::tls_``: DDP's backward) is
+    # destroyed on a gloo thread, which then takes the GIL to release it; one doing so while the
+    # interpreter shut down aborted a DDP run in CI ("terminate called without an active
+    # exception"). The thread's own state must keep what every copy holds.
     from hpu_autocast import _torch
 
     if not hasattr(torch._C, "_stash_obj_in_tls"):
         pytest.skip("this torch has no thread-local stash")
-    fut = torch.futures.Future()
-    with HpuAutocastMode(torch.bfloat16):
-        copied = fut.then(lambda _: _torch.tls_stashed())  # runs with the state captured here
-        with HpuAutocastMode(torch.float16, policy="torch-cpu"):
-            nested = fut.then(lambda _: _torch.tls_stashed())
-    fut.set_result(None)
-    assert copied.wait() is not None
-    assert copied.wait() is nested.wait() is _torch.tls_stashed()
+    seen = []
+
+    def run():
+        x = torch.randn(2, 2)
+        with HpuAutocastMode(torch.bfloat16):
+            seen.append(_torch.tls_stashed())
+            with disable_casts():
+                seen.append(_torch.tls_stashed())
+            with torch.autocast("cpu", enabled=False):
+                seen.append(_torch.tls_stashed())
+            with HpuAutocastMode(torch.float16, policy="torch-cpu"):
+                torch.mm(x, x)
+                seen.append(_torch.tls_stashed())
+        seen.append(_torch.tls_stashed())
+        with HpuAutocastMode(torch.bfloat16):
+            seen.append(_torch.tls_stashed())
+
+    t = threading.Thread(target=run)  # a thread of its own: its first region stashes
+    t.start()
+    t.join(30)
+    assert len(seen) == 6 and seen[0] is not None
+    assert all(s is seen[0] for s in seen)
 
 
 def test_the_cache_flag_survives_regions_that_exit_out_of_order():
