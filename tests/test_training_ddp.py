@@ -8,6 +8,9 @@ docs/migration.md."""
 import datetime
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -78,3 +81,45 @@ def test_ddp_two_ranks_match_each_other_and_one_process(tmp_path):
     # averaged in float32; one process sums the whole batch in one bf16 matmul.
     for a, b in zip(r0["params"], model.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=2e-2, atol=2e-3)
+
+
+# What a gloo all-reduce keeps of the caller's thread-local state (``AsyncWork::tls_``) is released
+# on a gloo thread when the work is done; if it holds the last reference to a Python object
+# stashed there, that thread takes the GIL to release it, and one doing so while the interpreter
+# shuts down aborts the process ("terminate called without an active exception"), as a DDP run
+# in CI did. ``tls_stash`` (and ``tls_stashed``) are wrapped to see where each object the package stashes is
+# released.
+_RELEASES = textwrap.dedent("""
+    import threading, torch, torch.distributed as dist
+    from hpu_autocast import HpuAutocastMode, _torch
+
+    released = []
+
+    class Tracked:
+        def __init__(self, obj):
+            self.obj = obj
+
+        def __del__(self):
+            released.append(threading.get_ident())
+
+    stash, stashed = _torch.tls_stash, _torch.tls_stashed
+    _torch.tls_stash = lambda obj: stash(Tracked(obj))
+    _torch.tls_stashed = lambda: getattr(stashed(), "obj", None)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+    for _ in range(8):
+        with HpuAutocastMode(torch.bfloat16):
+            work = dist.all_reduce(torch.ones(2_000_000), async_op=True)
+            del work  # the gloo thread holds the work, and the state it copied, until it is done
+            with HpuAutocastMode(torch.float16, policy="torch-cpu"):
+                pass
+    dist.barrier()
+    dist.destroy_process_group()
+    print(sum(t != threading.main_thread().ident for t in released))
+""")
+
+
+def test_state_a_gloo_all_reduce_copies_in_a_region_releases_nothing_on_gloos_threads():
+    out = subprocess.run([sys.executable, "-c", _RELEASES % free_port()], capture_output=True, text=True,
+                         timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "0", "objects the package stashed were released on gloo's threads"
