@@ -391,6 +391,39 @@ def test_what_a_thread_stashes_for_autograds_workers_is_one_object_for_the_threa
     assert all(s is seen[0] for s in seen)
 
 
+def test_a_threads_first_region_opened_in_backward_leaves_its_frames_inheritable():
+    # Was (with the one-cell stash): a thread whose first region opened inside backward stashed
+    # its cell in the forward's state autograd runs backward under, which was put back after it,
+    # and later regions' frames were no longer in the state autograd's worker threads inherit.
+    from hpu_autocast import _regions, _torch
+
+    if not hasattr(torch._C, "_stash_obj_in_tls"):
+        pytest.skip("this torch has no thread-local stash")
+
+    class RegionInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            with HpuAutocastMode(torch.bfloat16):
+                pass
+            return grad
+
+    seen = []
+
+    def run():
+        RegionInBackward.apply(torch.randn(2, 2, requires_grad=True)).sum().backward()
+        with HpuAutocastMode(torch.bfloat16):
+            seen.append(getattr(_torch.tls_stashed(), "frame", None) is _regions.innermost())
+
+    t = threading.Thread(target=run)  # a thread of its own: its first region opens in backward
+    t.start()
+    t.join(30)
+    assert seen == [True]
+
+
 def test_the_cache_flag_survives_regions_that_exit_out_of_order():
     # Was: hmp.convert's region (cache off) reset under a later region left torch's flag off for
     # the rest of the process, and native autocast stopped caching weights.

@@ -99,27 +99,38 @@ _get_frame = _FRAME.get
 
 # Autograd runs backward on worker threads of its own (CUDA), which start with an empty context
 # but inherit the caller's thread-local state, torch's Python objects stashed there included
-# (``ThreadLocalState``). So each thread stashes there, once, a cell holding its innermost frame,
-# and a backward run inside a region casts on the worker as it would in the region's thread.
-# Once, not a frame per change: every copy of that state (autograd's, and the callbacks of
-# futures, which the DDP reducer's all-reduces complete on gloo's threads) holds a reference to
-# what is stashed, and the copy dropping the last one releases the object, taking the GIL on
-# its thread; a gloo thread doing so while the interpreter shuts down aborts the process. The
-# thread's own state keeps the cell, so no copy ever holds its last reference.
+# (``ThreadLocalState``). So each thread stashes there a cell holding its innermost frame, and a
+# backward run inside a region casts on the worker as it would in the region's thread.
+# One cell for the thread's life, not a frame per change: every copy of that state (autograd's,
+# and the one each gloo all-reduce keeps, DDP's backward) holds a reference to what is stashed,
+# and the copy dropping the last one releases it on its own thread, taking the GIL; a gloo thread
+# doing so while the interpreter shuts down aborts the process. The thread's own state keeps the
+# cell, so no copy holds its last reference.
 class _Inherited:
     __slots__ = ("frame",)
 
-    def __init__(self, frame: Optional[Frame]) -> None:
-        self.frame = frame
+    def __init__(self) -> None:
+        self.frame: Optional[Frame] = None
+
+
+def _stashed_cell() -> _Inherited:
+    """This thread's cell, stashed in its thread-local state if that does not hold it: at the
+    thread's first region, and after a state saved before it was restored over it (autograd runs
+    backward under the forward's state: a thread whose first region opened in backward)."""
+    cell = _thread.__dict__.get("inherited")
+    if cell is None:
+        cell = _thread.inherited = _Inherited()
+    if _torch.tls_stashed() is not cell:
+        _torch.tls_stash(cell)
+    return cell
 
 
 def _set_frame(frame: Optional[Frame]) -> None:
     _FRAME.set(frame)
     try:
         _thread.inherited.frame = frame
-    except AttributeError:  # the thread's first region
-        _thread.inherited = _Inherited(frame)
-        _torch.tls_stash(_thread.inherited)
+    except AttributeError:  # a thread with no region of its own changing one it inherited
+        _stashed_cell().frame = frame
     _core.set_frame(frame)
 
 
@@ -206,6 +217,7 @@ def enter(region: Region, k: _dispatch.Keys, opened: Callable[[], None]) -> None
                 k.register(native)
     parent = innermost()
     if parent is None:
+        _stashed_cell()
         region.cache = _core.new_cache()
     else:
         # As torch.autocast: one cast cache for the outermost region and all nested in it.
