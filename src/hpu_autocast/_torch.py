@@ -152,7 +152,7 @@ def _no_stash(obj: object) -> None:
 
 
 #: ``tls_stash(obj)``: stash ``obj`` in the calling thread's state that autograd's worker threads
-#: inherit; nothing where torch has no stash. (Chosen once: each thread stashes once, at its first region.)
+#: inherit; nothing where torch has no stash. (Chosen once; each thread stashes one object, ``_regions._stashed_cell``.)
 tls_stash = (_no_stash if _stash is None else _stash_with_reference if _STASH_STEALS
              else functools.partial(_stash, _STASH_KEY))
 
