@@ -6,6 +6,7 @@ habana_frameworks.torch.distributed.hccl``) and on CUDA with ``backend="nccl"``;
 docs/migration.md."""
 
 import datetime
+import gc
 import os
 import socket
 import subprocess
@@ -54,6 +55,12 @@ def _worker(rank, world, port, out_dir):
         torch.save({"params": [p.detach() for p in model.parameters()], "loss dtype": loss.dtype},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
+        # The DDP module, which holds the process group, is released before the group is
+        # destroyed. The other way round, a rank ended with "terminate called without an active
+        # exception" at exit in 8 of 180 runs here with no region at all (torch's gloo shutdown,
+        # as in pytorch#190489), and in 2 CI runs with one; this way, 0 of 100.
+        ddp = model = None
+        gc.collect()
         dist.destroy_process_group()
 
 
