@@ -93,9 +93,9 @@ def test_ddp_two_ranks_match_each_other_and_one_process(tmp_path):
 # What a gloo all-reduce keeps of the caller's thread-local state (``AsyncWork::tls_``) is released
 # on a gloo thread when the work is done; if it holds the last reference to a Python object
 # stashed there, that thread takes the GIL to release it, and one doing so while the interpreter
-# shuts down aborts the process ("terminate called without an active exception"), as a DDP run
-# in CI did. ``tls_stash`` (and ``tls_stashed``) are wrapped to see where each object the package stashes is
-# released.
+# shuts down aborts the process ("terminate called without an active exception"; reproduced with
+# a bare stash and an all-reduce pending at exit). ``tls_stash`` (and ``tls_stashed``) are wrapped
+# to see where each object the package stashes is released.
 _RELEASES = textwrap.dedent("""
     import threading, torch, torch.distributed as dist
     from hpu_autocast import HpuAutocastMode, _torch

@@ -361,8 +361,8 @@ def test_what_a_thread_stashes_for_autograds_workers_is_one_object_for_the_threa
     # thread-local state, so a copy of that state could hold the last reference to one: the copy
     # each gloo all-reduce keeps (``ProcessGroupGloo::AsyncWork::tls_``: DDP's backward) is
     # destroyed on a gloo thread, which then takes the GIL to release it; one doing so while the
-    # interpreter shut down aborted a DDP run in CI ("terminate called without an active
-    # exception"). The thread's own state must keep what every copy holds.
+    # interpreter shuts down aborts the process ("terminate called without an active exception":
+    # reproduced with a bare stash). The thread's own state must keep what every copy holds.
     from hpu_autocast import _torch
 
     if not hasattr(torch._C, "_stash_obj_in_tls"):
