@@ -324,6 +324,10 @@ def test_disable_casts_inside_a_region_inside_torch_autocast():
 
 # --- threads ---------------------------------------------------------------------------------------
 
+#: The tests of what the engine stashes in torch's thread-local state, for autograd's workers.
+_NEEDS_STASH = pytest.mark.skipif(not hasattr(torch._C, "_stash_obj_in_tls"), reason="this torch has no thread-local stash")
+
+
 def _probe(x):
     return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled(),
             torch._C._is_any_autocast_enabled(), torch.mm(x, x).dtype)
@@ -356,6 +360,7 @@ def test_guards_in_a_worker_thread_a_region_spawns_answer_as_natives(how):
     assert ours == native
 
 
+@_NEEDS_STASH
 def test_what_a_thread_stashes_for_autograds_workers_is_one_object_for_the_threads_life():
     # Was: each region entry and exit stashed a new object (the frame, or None) in torch's
     # thread-local state, so a copy of that state could hold the last reference to one: the copy
@@ -365,8 +370,6 @@ def test_what_a_thread_stashes_for_autograds_workers_is_one_object_for_the_threa
     # reproduced with a bare stash). The thread's own state must keep what every copy holds.
     from hpu_autocast import _torch
 
-    if not hasattr(torch._C, "_stash_obj_in_tls"):
-        pytest.skip("this torch has no thread-local stash")
     seen = []
 
     def run():
@@ -391,14 +394,12 @@ def test_what_a_thread_stashes_for_autograds_workers_is_one_object_for_the_threa
     assert all(s is seen[0] for s in seen)
 
 
+@_NEEDS_STASH
 def test_a_threads_first_region_opened_in_backward_leaves_its_frames_inheritable():
     # Was (with the one-cell stash): a thread whose first region opened inside backward stashed
     # its cell in the forward's state autograd runs backward under, which was put back after it,
     # and later regions' frames were no longer in the state autograd's worker threads inherit.
     from hpu_autocast import _regions, _torch
-
-    if not hasattr(torch._C, "_stash_obj_in_tls"):
-        pytest.skip("this torch has no thread-local stash")
 
     class RegionInBackward(torch.autograd.Function):
         @staticmethod
