@@ -47,6 +47,24 @@ def test_nesting_innermost_wins():
     assert get_policy() is None
 
 
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # torch.autocast("cuda") without CUDA
+def test_regions_of_two_devices_nest_as_one_stack_and_torch_autocast_is_per_device():
+    # docs/migration.md: the innermost region decides whatever its device (torch keeps a state
+    # per device: native CPU casting stays on in a torch.autocast("cuda") block); a
+    # torch.autocast for another device inside a region is per device, as in torch.
+    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+        for enabled in (True, False):
+            with HpuAutocastMode(torch.float16, policy="torch-cuda", device_type="cuda", enabled=enabled):
+                assert torch.mm(A, B).dtype == torch.float32
+        assert torch.mm(A, B).dtype == torch.bfloat16
+        with torch.autocast("cuda", dtype=torch.float16):  # without CUDA, it disables itself
+            assert torch.is_autocast_enabled("cuda") is torch.cuda.is_available()
+            assert torch.is_autocast_enabled("cpu") and torch.mm(A, B).dtype == torch.bfloat16
+        with torch.autocast("cuda", enabled=False):
+            assert torch.mm(A, B).dtype == torch.bfloat16
+        assert not torch.is_autocast_enabled("cuda")
+
+
 def test_enabled_false_inside_turns_casting_off():
     with HpuAutocastMode():
         with HpuAutocastMode(enabled=False):
