@@ -4,12 +4,12 @@ for them while any is open (``_torch_autocast``). The rest of the package asks t
 
 How one call goes, from the dispatcher to the cast, is ``_kernels``' docstring; what a region
 and a frame are, ``_regions``' Note; what is patched while a region is open, and who counts the
-open regions, ``_torch_autocast``'s.
+open regions, ``_torch_autocast``'s; higher-order operators, ``_hops``'.
 """
 
 from __future__ import annotations
 
-from . import _kernels, _regions, _torch_autocast
+from . import _hops, _kernels, _regions, _torch_autocast
 from ._kernels import keys_excluded
 from ._regions import (GUARD, OFF, Frame, Region, State, current, innermost, observing,
                        replace_innermost)
@@ -20,8 +20,15 @@ __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost
 
 def enter(region: Region) -> None:
     """Open ``region`` in the calling context: it becomes the innermost frame (``_regions.enter``),
-    counted among the regions open in the process (``_torch_autocast.acquire``)."""
-    _regions.enter(region, _kernels.keys(), _torch_autocast.acquire)
+    counted among the regions open in the process (``_torch_autocast.acquire``); higher-order
+    operators made since the last region learn the borrowed keys (``_hops``)."""
+    k = _kernels.keys()
+    _regions.enter(region, k, _torch_autocast.acquire)
+    try:
+        _hops.cover(k)  # after the entry, which may move the observing key
+    except BaseException:
+        _regions.exit(region, _torch_autocast.release)
+        raise
 
 
 def exit(region: Region) -> None:

@@ -70,7 +70,7 @@ import torch
 __all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset_after", "has_backend_fallback",
            "privateuse1_backend_name", "all_schemas", "all_op_names", "has_kernel_for", "registrations_for",
            "python_registrations", "dispatch_mode_depth", "set_grad_enabled", "tls_stash", "tls_stashed",
-           "ANY_AUTOCAST_ENABLED", "current_autograd_node", "dispatch_key"]
+           "ANY_AUTOCAST_ENABLED", "current_autograd_node", "dispatch_key", "HIGHER_ORDER_OPS", "hop_keyset"]
 
 _C = torch._C
 
@@ -87,6 +87,22 @@ all_op_names = _C._dispatch_get_all_op_names
 has_kernel_for = _C._dispatch_has_kernel_for_dispatch_key
 registrations_for = _C._dispatch_get_registrations_for_dispatch_key
 dispatch_mode_depth = _C._len_torch_dispatch_stack
+
+
+# -- higher-order operators (``torch._ops``; checked on 2.4.1, 2.6.0, 2.9.1, 2.13.0, 2.14.1) ------
+#: Every ``HigherOrderOperator`` made in the process, by name (each registers itself here).
+HIGHER_ORDER_OPS: dict = getattr(torch._ops, "_higher_order_ops", {})
+_compute_keyset = getattr(torch._ops, "_compute_keyset", None)
+
+
+def _hop_keyset(op, args: tuple, kwargs: dict):
+    return _compute_keyset(args, kwargs, op.non_fallthrough_keys)
+
+
+#: ``hop_keyset(op, args, kwargs)``: the key set a call of the higher-order operator ``op``
+#: dispatches on, the keys it skips left out (as its ``__call__`` computes it); ``None`` where
+#: torch has no such function.
+hop_keyset = _hop_keyset if _compute_keyset is not None else None
 
 
 def dispatch_key(name: str):

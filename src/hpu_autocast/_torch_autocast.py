@@ -80,7 +80,7 @@ import torch.utils.checkpoint as _checkpoint
 from . import _compile_guard, _kernels, _regions, _torch, _torchscript
 from ._table import compile_policy
 
-__all__ = ["PATCHED", "HOOKS", "acquire", "release"]
+__all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region"]
 
 _real: Dict[str, Callable] = {}
 
@@ -155,7 +155,7 @@ def _is_any_autocast_enabled() -> bool:
 
 
 # -- checkpointing -----------------------------------------------------------------------------
-def _recompute_in_region(fn: Callable) -> Callable:
+def recompute_in_region(fn: Callable) -> Callable:
     """``fn`` to run, at the recomputation, under the calling context's state now (the forward's)."""
     state, opt_out, native = _regions.current(), _opt_out_here(), _native_state()
 
@@ -245,7 +245,7 @@ def _checkpoint_without_reentrant_generator(fn, *args, **kwargs):
     # `checkpoint` calls the forward itself and hands `fn` to this generator for the
     # recomputation only.
     if _regions.innermost() is not None:
-        fn = _recompute_in_region(fn)
+        fn = recompute_in_region(fn)
     return _real[_GENERATOR](fn, *args, **kwargs)
 
 
@@ -258,7 +258,7 @@ class _CheckpointFunction:
         original = _real["CheckpointFunction"]
         if _regions.innermost() is None:
             return original.apply(function, preserve_rng_state, *args)
-        recompute = _recompute_in_region(function)
+        recompute = recompute_in_region(function)
         calls = []
 
         def run(*a, **kw):
