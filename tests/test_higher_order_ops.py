@@ -204,3 +204,24 @@ def test_a_higher_order_operator_made_after_the_first_region_skips_the_keys_at_t
         ours = twice(lambda t: torch.mm(t, t), a)
     _same(ours, native)
     assert native.dtype == torch.bfloat16
+
+
+def test_compiled_cond_is_traced_again_for_each_policy_and_outside():
+    # The policy's casts are in the branches' traced graphs: a frame compiled under one policy
+    # must not serve another (hpu has exp on its float32 list, torch-cpu does not list it).
+    x = torch.randn(4, dtype=torch.bfloat16)
+
+    def f(x):
+        return torch.cond(x.sum() > -100, lambda x: (torch.exp(x),), lambda x: (torch.exp(x) + 1,), (x,))[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    for policy, dtype in (("torch-cpu", torch.bfloat16), ("hpu", torch.float32), ("torch-cpu", torch.bfloat16),
+                          (None, torch.bfloat16), ("hpu", torch.float32)):
+        if policy is None:
+            out = compiled(x)
+        else:
+            with HpuAutocastMode(torch.bfloat16, policy=policy, device_type="cpu"):
+                out = compiled(x)
+        assert out.dtype == dtype, policy
+        _same(out, torch.exp(x) if dtype == torch.bfloat16 else torch.exp(x.float()))
