@@ -71,6 +71,7 @@ def cover(k: "_dispatch.Keys") -> None:
 
 
 def _kernel_for(op) -> Optional[Callable]:
+    """The ops key's kernel for ``op`` (the Note's second and third kinds); ``None``: it skips the key."""
     if any(key in op.py_kernels for key in _NATIVE_KEYS):
         return _natively_cast(op)
     if op.name() in _REPLAYED and _torch.hop_keyset is not None:
@@ -79,6 +80,7 @@ def _kernel_for(op) -> Optional[Callable]:
 
 
 def _natively_cast(op) -> Callable:
+    """``op`` cast as torch casts it under a policy reproducing native autocast, else left whole."""
     def kernel(*args, **kwargs):
         frame = _regions.innermost()
         impl = None
@@ -97,6 +99,7 @@ def _natively_cast(op) -> Callable:
 
 
 def _bound(op) -> Callable:
+    """``op`` with its functions bound to the call's region state, passed on below the ops key."""
     def kernel(*args, **kwargs):
         if _regions.innermost() is not None:
             args = tuple(_bind(a) if _is_function(a) else a for a in args)
