@@ -139,6 +139,14 @@ OPS: Dict[str, str] = {
     # checkpointing: recomputed in backward, maybe after the region has exited
     "checkpoint": "checkpoint(mm_relu, a, b, use_reentrant=False)",
     "checkpoint_reentrant": "checkpoint(mm_relu, a, b, use_reentrant=True)",
+    # higher-order operators: a branch, a loop body. Their operands are detached: their backward
+    # traces them again when it runs, under native autocast's dtype of that moment (bfloat16
+    # after a float16 block), where a region's takes the forward's: a departure docs/design.md
+    # documents (Higher-order operators); tests/test_higher_order_ops.py checks their backward.
+    # And copied: Dynamo refuses operands that alias (a is b), but only when it traces, so a
+    # side whose call it had cached from other operands would run while the other raised.
+    "cond": "torch.cond(a.sum() > 0, branch_mm, branch_mm_t, (a.detach().clone(), b.detach().clone()))[0]",
+    "map": "hop_map(row_mm, a.detach().clone(), b.detach().clone())",
 }
 
 # --- events: statements over the operands --------------------------------------------------------
@@ -231,6 +239,18 @@ def mm_relu(a, b):
     return torch.mm(a, b).relu()
 
 
+def branch_mm(a, b):
+    return (torch.mm(a, b).relu(),)
+
+
+def branch_mm_t(a, b):
+    return (torch.mm(b, a),)
+
+
+def row_mm(x, b):
+    return torch.mm(x[None], b)[0]
+
+
 def _compiled_mm(a, b):
     return torch.mm(a, b).relu()
 
@@ -244,6 +264,12 @@ def _compiled_guarded(a, b):
     if torch.is_autocast_enabled("cpu"):
         return torch.mm(a, b) * 2
     return torch.mm(a, b)
+
+
+def _hop_map(fn, xs, *args):
+    from torch._higher_order_ops.map import map as hop_map
+
+    return hop_map(fn, xs, *args)
 
 
 _compiled: Dict[str, Any] = {}
@@ -507,6 +533,7 @@ class Run:
             "torch": torch, "F": F, "hpu_autocast": hpu_autocast, "HpuAutocastMode": HpuAutocastMode,
             "IDX": torch.tensor([0, 2]), "M": torch.arange(16).view(4, 4) % 3 == 0,
             "GUARDS": GUARDS, "mm_relu": mm_relu, "checkpoint": torch_checkpoint.checkpoint,
+            "branch_mm": branch_mm, "branch_mm_t": branch_mm_t, "row_mm": row_mm, "hop_map": _hop_map,
             "scripted": _ScriptedOnFirstCall(), **self.modules, **compiled_functions()}
         self._lock = threading.Lock()
 
