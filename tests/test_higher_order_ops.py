@@ -1,13 +1,13 @@
-"""Higher-order operators in a region (``torch.cond``, ``while_loop``, ``flex_attention``, one a
-user makes): they skip the borrowed keys as they skip torch's autocast keys, so the ops inside
-them are cast as native autocast casts them, in eager code and compiled; ``flex_attention``,
-which torch casts as a unit, is cast as native casts it under a policy reproducing native
-autocast, and left whole under the others, eager and compiled alike (_dispatch's Note:
-higher-order operators skip the borrowed keys). Each used to raise in any region ("could not
-find kernel for HigherOrderOperator cond at dispatch key DispatchKey.AutocastIPU").
+"""Higher-order operators in a region (``torch.cond``, ``while_loop``, ``map``, ``scan``,
+``flex_attention``, one a user makes), against native autocast (``_hops``' Note: higher-order
+operators on the borrowed keys). They skip the borrowed keys as they skip torch's autocast keys,
+so the ops inside them are cast as native autocast casts them, eager and compiled; a backward that
+traces their functions again runs them in the forward's region state, so gradients are native's;
+``flex_attention``, which torch casts as a unit, is cast so under a policy reproducing native
+autocast and left whole under the others, eager and compiled alike. Each used to raise in any
+region ("could not find kernel for HigherOrderOperator cond at dispatch key
+DispatchKey.AutocastIPU").
 """
-
-import warnings
 
 import pytest
 import torch
