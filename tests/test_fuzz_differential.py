@@ -25,6 +25,7 @@ import hpu_autocast.rules
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 import _fuzz
+from _native import CACHES_WITH_GRAD
 from _fuzz import Block, Event, Op, Program, describe, difference, minimise, programs as fuzz_programs
 
 EXAMPLES = int(os.environ.get("HPU_AUTOCAST_FUZZ_EXAMPLES", "400"))
@@ -36,20 +37,7 @@ if _unknown:
                      f"block kinds of tests/_fuzz.py ({', '.join([*_fuzz.OPS, *_fuzz.EVENTS, *_fuzz.KINDS])})")
 
 
-def _native_caches_with_grad() -> bool:
-    """Whether this torch's native cache makes a weight's copy with grad on under no_grad and none
-    in inference mode (pytorch#158232, torch 2.13). Before it, native served a no_grad or
-    inference-mode copy to a later use with grad (no gradient, or a failing backward); the region
-    does what torch 2.13 and later do, so on such a torch those blocks are not drawn."""
-    w = torch.randn(2, 2, requires_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        with torch.no_grad():
-            torch.mm(w, w)
-        return torch.mm(w, w).requires_grad
-
-
-NATIVE_FIXED = _native_caches_with_grad()
-if not NATIVE_FIXED:
+if not CACHES_WITH_GRAD:  # the region does what torch 2.13 and later do: those blocks are not drawn
     EXCLUDE = [*EXCLUDE, "no_grad", "inference_mode"]
 
 # No explain phase: it reruns a failing program a thousand times to annotate it (70 s here).
@@ -171,8 +159,8 @@ KNOWN = {"a weight cast in torch.autocast and in a region nested in it":
                                   if n in KNOWN else n for n in sorted(FOUND)])
 def test_a_program_the_fuzzer_found_runs_as_native(name):
     program = FOUND[name]
-    if not NATIVE_FIXED and _kinds(program.body + program.after) & {"no_grad", "inference_mode"}:
-        pytest.skip("native's cache predates pytorch#158232 on this torch (see _native_caches_with_grad)")
+    if not CACHES_WITH_GRAD and _kinds(program.body + program.after) & {"no_grad", "inference_mode"}:
+        pytest.skip("native's cache predates pytorch#158232 on this torch (see _native.CACHES_WITH_GRAD)")
     found = difference(FOUND[name])
     assert found is None, f"{found[1]}\n\n{describe(FOUND[name], found[2])}"
 

@@ -11,6 +11,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpu_autocast
+from _native import CACHES_WITH_GRAD
 from hpu_autocast import HpuAutocastMode, disable_casts, get_dtype, get_policy, get_preset, is_enabled
 
 A, B = torch.randn(2, 3), torch.randn(3, 2)
@@ -392,7 +393,7 @@ def test_only_weights_are_cached_as_native_caches_them():
     assert cached == [[False, False], [False, True]]   # m cast twice; w once, then served
 
 
-@pytest.mark.skipif(torch.__version__ < "2.13", reason="native's cache predates pytorch#158232 here: it "
+@pytest.mark.skipif(not CACHES_WITH_GRAD, reason="native's cache predates pytorch#158232 here: it "
                     "serves a no_grad copy to a use with grad; the region does what torch 2.13 and later do")
 def test_a_weight_copy_made_under_no_grad_serves_a_use_with_grad_as_native():
     # Native makes a cached copy with grad enabled, also under no_grad (pytorch#158232): the

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 import hpu_autocast
+from _native import CACHES_WITH_GRAD
 from hpu_autocast import HpuAutocastMode, disable_casts
 
 BF = torch.bfloat16
@@ -27,18 +28,7 @@ def _same(a, b):
 
 # --- the cast cache is native's: nothing it could serve stale -----------------------------------
 
-def _native_caches_with_grad() -> bool:
-    """Whether this torch's native cache makes a weight's copy with grad on, also under no_grad,
-    and makes none in inference mode (pytorch#158232, in torch 2.13; torch 2.4 served a no_grad
-    copy to a later use with grad, which then got no gradient)."""
-    w = torch.randn(2, 2, requires_grad=True)
-    with torch.autocast("cpu", dtype=BF):
-        with torch.no_grad():
-            torch.mm(w, w)
-        return torch.mm(w, w).requires_grad
-
-
-NATIVE_FIXED = pytest.mark.skipif(not _native_caches_with_grad(), reason=(
+NATIVE_FIXED = pytest.mark.skipif(not CACHES_WITH_GRAD, reason=(
     "this torch's native cache predates pytorch#158232 (a copy made under no_grad or inference mode is "
     "served to a use with grad); the region does what torch 2.13 and later do"))
 
