@@ -33,6 +33,9 @@ def _regions(observing: bool = True):
 
 
 def _same(a, b):
+    if a is None or b is None:  # a gradient torch gives none of (compiled scan on torch 2.6)
+        assert a is None and b is None
+        return
     assert a.dtype == b.dtype and torch.equal(a, b)
 
 
@@ -112,7 +115,9 @@ def test_map_and_scan_cast_their_bodies_as_native_autocast_forward_and_backward(
     torch.manual_seed(0)
     xs0, w0 = torch.randn(3, 4, 4), torch.randn(4, 4)
     results = {}
-    for name, region in _regions(observing=fn is _scan).items():
+    # A recording region runs compiled code eagerly: compiled, it would meet torch's eager scan
+    # where native meets the compiled one (torch 2.6's eager scan has no autograd).
+    for name, region in _regions(observing=fn is _scan and not compiled).items():
         torch._dynamo.reset()
         f = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
         xs, w = xs0.clone().requires_grad_(), w0.clone().requires_grad_()
