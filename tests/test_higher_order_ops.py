@@ -39,6 +39,33 @@ def _same(a, b):
     assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+def _forward_and_backward_as_native(fn, inputs, compiled: bool, observing: bool, errors):
+    """Run ``fn`` on copies of ``inputs`` that require grad in each of ``_regions(observing)``
+    (compiled with ``aot_eager`` if ``compiled``), then backward; every region's output and
+    gradients must be native's bit for bit, or, where native raised one of ``errors``, each must
+    raise the same type. Returns native's output (``None`` where it raised)."""
+    results = {}
+    for name, region in _regions(observing).items():
+        torch._dynamo.reset()
+        f = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
+        args = [t.clone().requires_grad_() for t in inputs]
+        try:
+            with region():
+                out = f(*args)
+            out.float().sum().backward()
+        except errors as e:
+            results[name] = type(e)
+            continue
+        results[name] = (out, *(a.grad for a in args))
+    if not isinstance(results["native"], tuple):
+        assert all(r is results["native"] for r in results.values()), results
+        return None
+    for name in results:
+        for x, y in zip(results[name], results["native"]):
+            _same(x, y)
+    return results["native"][0]
+
+
 def _cond(a, b):
     return torch.cond(a.sum() > 0, lambda a, b: (torch.mm(a, b).relu(),), lambda a, b: (torch.mm(b, a),), (a, b))[0]
 
@@ -54,27 +81,11 @@ def test_cond_casts_its_branches_as_native_autocast_forward_and_backward(cond, c
     # the forward's keys): they run in a region with the forward's state, so the gradients are
     # native's bit for bit, not those of a float32 recomputation.
     torch.manual_seed(0)
-    a0, b0 = torch.randn(4, 4), torch.randn(4, 4)
-    results = {}
-    for name, region in _regions(observing=cond is _cond).items():
-        torch._dynamo.reset()
-        f = torch.compile(cond, backend="aot_eager", fullgraph=True) if compiled else cond
-        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-        try:
-            with region():
-                out = f(a, b)
-            out.float().sum().backward()
-        except RuntimeError as e:  # torch 2.4: "Autograd not implemented for cond"
-            results[name] = type(e)
-            continue
-        results[name] = (out, a.grad, b.grad)
-    if not isinstance(results["native"], tuple):
-        assert all(r is results["native"] for r in results.values()), results
-        return
-    assert results["native"][0].dtype == torch.bfloat16
-    for name in results:
-        for x, y in zip(results[name], results["native"]):
-            _same(x, y)
+    native = _forward_and_backward_as_native(cond, (torch.randn(4, 4), torch.randn(4, 4)), compiled,
+                                             observing=cond is _cond,
+                                             errors=RuntimeError)  # torch 2.4: "Autograd not implemented for cond"
+    if native is not None:
+        assert native.dtype == torch.bfloat16
 
 
 def test_while_loop_casts_its_body_as_native_autocast():
@@ -113,28 +124,11 @@ def _scan(xs, w):
 def test_map_and_scan_cast_their_bodies_as_native_autocast_forward_and_backward(fn, compiled):
     pytest.importorskip(f"torch._higher_order_ops.{fn.__name__[1:]}")
     torch.manual_seed(0)
-    xs0, w0 = torch.randn(3, 4, 4), torch.randn(4, 4)
-    results = {}
     # A recording region runs compiled code eagerly: compiled, it would meet torch's eager scan
     # where native meets the compiled one (torch 2.6's eager scan has no autograd).
-    for name, region in _regions(observing=fn is _scan and not compiled).items():
-        torch._dynamo.reset()
-        f = torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
-        xs, w = xs0.clone().requires_grad_(), w0.clone().requires_grad_()
-        try:
-            with region():
-                out = f(xs, w)
-            out.float().sum().backward()
-        except Exception as e:  # an older torch without the operator's autograd, or without it
-            results[name] = type(e)
-            continue
-        results[name] = (out, xs.grad, w.grad)
-    if not isinstance(results["native"], tuple):
-        assert all(r is results["native"] for r in results.values()), results
-        return
-    for name in results:
-        for x, y in zip(results[name], results["native"]):
-            _same(x, y)
+    _forward_and_backward_as_native(fn, (torch.randn(3, 4, 4), torch.randn(4, 4)), compiled,
+                                    observing=fn is _scan and not compiled,
+                                    errors=Exception)  # an older torch without the operator's autograd, or without it
 
 
 def _flex_attention():
