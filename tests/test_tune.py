@@ -437,3 +437,13 @@ def test_the_cnn_example_counts_every_conv_and_is_the_documented_one():
     blocks = re.findall(r"```\n(hpu_autocast tune: policy hpu -> .*?)```", DOC.read_text(), re.S)
     number = re.compile(r"\d\.\d+e[+-]\d+")
     assert number.sub("E", str(result) + "\n") == number.sub("E", blocks[1])
+
+
+@pytest.mark.parametrize("outputs", [lambda x: x.sum(0)[:0], lambda x: (x, {"logits": x * 2})], ids=["sliced", "batch"])
+def test_an_empty_batch_is_refused_not_met_with_error_0(outputs):
+    # Failed before (issue 31, item 7): met=True, error 0, whatever the policy.
+    x = torch.randn(0, 4)
+    with pytest.raises(ValueError, match=r"hold no floating element \(an empty batch\?\)"):
+        tune(lambda t: outputs(torch.nn.functional.linear(t, torch.ones(3, 4))), x, tolerance=TOL)
+    # With a metric of the user's, the outputs are the metric's business.
+    assert tune(lambda t: t * 2, x, metric=lambda ref, out: 0.0).met
