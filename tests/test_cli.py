@@ -153,3 +153,85 @@ def test_a_command_prints_no_warning_also_without_numpy(command, tmp_path):
                           timeout=300, env=ENV, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
+
+
+# --- usage errors: exit status 2, one line on stderr, nothing run (issue 31, item 5) ------------
+
+def _script(tmp_path) -> pathlib.Path:
+    """A script that leaves a mark when it runs (the usage errors below must stop before it)."""
+    script = tmp_path / "s.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    return script
+
+
+def _exit_status(argv) -> int:
+    """``main(argv)``'s exit status, whether returned or raised by argparse."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["report", "--preset", "nope", "{script}"], "--preset 'nope' is not a preset; valid presets: "),
+    (["tune", "--preset", "nope", "{script}"], "--preset 'nope' is not a preset; valid presets: "),
+    (["tune", "{missing}"], "missing.py' does not exist"),
+    (["report", "{missing}"], "missing.py' does not exist"),
+    (["report", "--bogus", "{script}"], "hpu-autocast: error: unrecognized arguments: --bogus (see hpu-autocast --help)"),
+    (["tune", "--tolerance", "x", "{script}"], "argument --tolerance: invalid float value: 'x'"),
+    (["report", "--plot", "report.pdf", "{script}"], "--plot 'report.pdf': give a .png or .svg path"),
+], ids=["report-preset", "tune-preset", "tune-missing", "report-missing", "unknown-flag", "bad-value", "plot-suffix"])
+def test_usage_errors_exit_2_with_one_line_before_anything_runs(argv, expected, tmp_path, capsys):
+    # Failed before: a traceback and exit status 1 (for tune, "tolerance not met"), the report's
+    # header printed first for a missing script, argparse's usage lines before its error.
+    script = _script(tmp_path)
+    argv = [a.format(script=script, missing=tmp_path / "missing.py") for a in argv]
+    assert _exit_status(argv) == 2
+    out, err = capsys.readouterr()
+    assert expected in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert out == "" and not (tmp_path / "ran").exists()
+
+
+def test_report_plot_without_matplotlib_fails_before_running_the_script(tmp_path, capsys, monkeypatch):
+    # Failed before: the whole script ran, the report was printed, then an ImportError traceback.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it raises ImportError
+    script = _script(tmp_path)
+    assert main(["report", "--plot", str(tmp_path / "r.png"), str(script)]) == 2
+    out, err = capsys.readouterr()
+    assert err == "error: --plot needs matplotlib, which is not installed: pip install matplotlib\n"
+    assert out == "" and not (tmp_path / "ran").exists()
+
+
+def test_check_reports_an_op_on_two_files_as_the_loader_would(tmp_path, capsys):
+    # Failed before: both files "all valid", exit 0, where the loader refuses the pair.
+    from hpu_autocast import PolicyError
+    from hpu_autocast.builder import policy_from_files
+    lower, fp32 = tmp_path / "lower.txt", tmp_path / "fp32.txt"
+    lower.write_text("mm\nlinear\n")
+    fp32.write_text("softmax\n# the head\nlinear\n")
+    with pytest.raises(PolicyError) as loader:
+        policy_from_files("hpu", lower=lower, fp32=fp32)
+    assert main(["check", str(lower), str(fp32)]) == 1
+    out = capsys.readouterr().out
+    assert f"error: {lower} (lower) with {fp32} (FP32): {loader.value}" in out
+    assert "fp32.txt, line 3" in str(loader.value)  # the oracle names the entry
+    fp32.write_text("softmax\n")
+    assert main(["check", str(lower), str(fp32)]) == 0
+
+
+def test_check_help_says_what_it_checks(capsys):
+    assert _exit_status(["check", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "every name on it must name an op this torch has" in text
+    assert "an op on both (by any spelling) is an error, which the loader would refuse" in text
+
+
+def test_build_core_in_a_directory_that_is_a_file_is_one_error_line(tmp_path, monkeypatch, capsys):
+    # Failed before: a NotADirectoryError traceback. A built core for this torch is looked up
+    # first (none under a file), so this never builds.
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("HPU_AUTOCAST_CORE_DIR", str(tmp_path / "file"))
+    assert main(["build-core"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: hpu_autocast: the C++ core's build directory ") and err.count("\n") == 1
+    assert f"(HPU_AUTOCAST_CORE_DIR={str(tmp_path / 'file')!r}) cannot be made: Not a directory" in err

@@ -223,3 +223,60 @@ def test_an_argument_that_is_neither_a_path_nor_a_dict(config):
     with pytest.raises(TypeError, match=r"^policy_from_gaudi_config takes the path of a gaudi_config.json \(or of "
                                         rf"the directory holding one\) or its contents as a dict, got {type(config).__name__}$"):
         policy_from_gaudi_config(config)
+
+
+# --- older configurations, misspelt keys, use_torch_autocast (issue 31, item 6) ------------------
+
+def _hmp_files(tmp_path, bf16, fp32) -> tuple:
+    """An older GaudiTrainer's route: write_bf16_fp32_ops_to_text_files, then hmp.convert's files."""
+    lower, f32 = tmp_path / "hmp_bf16.txt", tmp_path / "hmp_fp32.txt"
+    for path, ops in ((lower, bf16), (f32, fp32)):
+        with path.open("w") as f:
+            f.writelines(op + "\n" for op in ops)
+    return str(lower), str(f32)
+
+
+@pytest.mark.parametrize("lists", [{"hmp_bf16_ops": ["mm", "bmm"], "hmp_fp32_ops": ["softmax"]}, {}],
+                         ids=["given", "optimum-habana's defaults"])
+def test_an_older_hmp_config_is_the_policy_hmp_convert_ran(tmp_path, lists):
+    # Failed before: the plain hpu preset. GaudiConfig's hmp_bf16_ops/hmp_fp32_ops default to
+    # DEFAULT_BF16_OPS/DEFAULT_FP32_OPS, written to files hmp.convert(opt_level="O1") reads.
+    config = {"use_habana_mixed_precision": True, "hmp_is_verbose": False, **lists}
+    files = _hmp_files(tmp_path, lists.get("hmp_bf16_ops", OPTIMUM_BF16), lists.get("hmp_fp32_ops", OPTIMUM_FP32))
+    expected = _quietly(policy_from_files, "hmp", lower=files[0], fp32=files[1])
+    got = _quietly(policy_from_gaudi_config, _config(tmp_path, config))
+    assert got == expected and got != get_preset("hpu")
+    assert got.unlisted == get_preset("hmp").unlisted  # HMP's defaults for ops on no list kept
+
+
+def test_an_older_hmp_config_at_o2_is_hmp_o2():
+    config = {"use_habana_mixed_precision": True, "hmp_opt_level": "O2", "hmp_bf16_ops": ["mm"]}
+    assert policy_from_gaudi_config(config) == get_preset("hmp-O2")
+    with pytest.raises(PolicyError, match=r"hmp_opt_level must be \"O1\" or \"O2\", got 'O3'"):
+        policy_from_gaudi_config({"use_habana_mixed_precision": True, "hmp_opt_level": "O3"})
+
+
+def test_hmp_and_autocast_both_on_is_refused_as_gaudi_config_refuses_it():
+    with pytest.raises(PolicyError, match="use_habana_mixed_precision and use_torch_autocast are both true"):
+        policy_from_gaudi_config({"use_habana_mixed_precision": True, "use_torch_autocast": True})
+
+
+@pytest.mark.parametrize("key, near", [("autocast_bf16_op", "autocast_bf16_ops"), ("use_torch_autocat", "use_torch_autocast"),
+                                       ("hmp_fp32", "hmp_fp32_ops")])
+def test_a_misspelt_key_is_named_with_the_nearest_known_one(key, near):
+    # Failed before: ignored silently (optimum-habana keeps it unread too), so the misspelt list
+    # left Gaudi's defaults in force. A warning: optimum-habana does not refuse it either.
+    with pytest.warns(UserWarning, match=rf"unknown key '{key}', ignored .*did you mean '{near}'\? the keys read are "
+                                         r"autocast_bf16_ops, autocast_fp32_ops, hmp_bf16_ops"):
+        policy_from_gaudi_config({key: ["mm"], "optimum_version": "1.0", "transformers_version": "4.0"})
+
+
+def test_use_torch_autocast_false_is_a_policy_that_casts_nothing():
+    # Failed before: the hpu preset, which lowers mm. optimum-habana runs no autocast then.
+    policy = policy_from_gaudi_config({"use_torch_autocast": False, "autocast_bf16_ops": ["mm"],
+                                       "autocast_fp32_ops": []})
+    assert dict(policy.table) == {}
+    a = torch.randn(3, 3)
+    with HpuAutocastMode(torch.bfloat16, policy=policy):
+        out = torch.mm(a, a) + 1
+    assert out.dtype == torch.float32 and torch.equal(out, torch.mm(a, a) + 1)

@@ -28,7 +28,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException  # 
 
 import hpu_autocast  # noqa: E402
 from hpu_autocast import PolicyError, Recorder  # noqa: E402
-from hpu_autocast.integrations.lightning import HpuAutocastPrecision  # noqa: E402
+from hpu_autocast.integrations.lightning import HpuAutocastFabricPrecision, HpuAutocastPrecision  # noqa: E402
 
 # Lightning 2.6 builds torch.utils._pytree.LeafSpec, which torch 2.13 deprecates: noise from
 # between the two, not from the plugin.
@@ -131,7 +131,7 @@ def _same_weights(a: Classifier, b: Classifier) -> bool:
 
 @pytest.fixture(scope="module")
 def bf16_runs():
-    ours = _run(plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu")])
+    ours = _run(plugins=[HpuAutocastPrecision("bf16-mixed", policy="torch-cpu")])  # Lightning's string
     native = _run(precision="bf16-mixed")
     return ours, native
 
@@ -250,8 +250,13 @@ def test_float16_gets_a_scaler_and_its_state_in_checkpoints():
 # --- bad settings fail when the plugin is made ------------------------------------------------------
 
 def test_bad_settings_are_refused_at_once():
-    with pytest.raises(ValueError, match=r"dtype must be torch.bfloat16 or torch.float16, got torch.float32"):
+    with pytest.raises(ValueError, match=r"dtype must be torch.bfloat16 or torch.float16, or Lightning's precision "
+                                         r"\"bf16-mixed\" or \"16-mixed\" \(older spellings: \"bf16\", \"16\", 16\), "
+                                         r"got torch.float32"):
         HpuAutocastPrecision(torch.float32)
+    for bad in ("32-true", "bf16-true", 32, True):
+        with pytest.raises(ValueError, match=f"got {bad!r}"):
+            HpuAutocastPrecision(bad)
     with pytest.raises(ValueError, match="bfloat16"):  # the hpu preset is bfloat16 only
         HpuAutocastPrecision(torch.float16, policy="hpu")
     with pytest.raises((PolicyError, KeyError, ValueError), match="no-such-preset"):
@@ -295,3 +300,126 @@ def test_lightning_example_runs(capsys):
     # Its validation pass ran in the plugin's region, with the default bfloat16 and policy.
     assert re.search(r"^validation: loss \S+, logits torch.bfloat16 \(region: policy hpu, torch.bfloat16\)$",
                      out, flags=re.M)
+
+
+# --- Lightning's precision strings, both packages, Fabric (issue 31, item 8) --------------------------
+
+@pytest.mark.parametrize("args, kwargs, dtype", [
+    (("bf16-mixed",), {}, torch.bfloat16), (("16-mixed",), {}, torch.float16), (("bf16",), {}, torch.bfloat16),
+    ((16,), {}, torch.float16), ((), {"precision": "bf16-mixed"}, torch.bfloat16),
+    ((), {"precision": "16-mixed"}, torch.float16), ((torch.float16,), {"precision": "16-mixed"}, torch.float16),
+    ((), {}, torch.bfloat16)], ids=str)
+def test_lightnings_precision_strings_are_taken_as_lightning_takes_them(args, kwargs, dtype):
+    # Failed before: only a torch.dtype (lightning-habana's users write precision="bf16-mixed").
+    plugin = HpuAutocastPrecision(*args, policy="torch-cpu", **kwargs)
+    assert plugin.dtype == plugin.autocast_context_manager().dtype == dtype
+    assert plugin.precision == {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}[dtype]
+    assert (plugin.scaler is not None) is (dtype == torch.float16)
+
+
+def test_a_dtype_and_a_precision_that_disagree_are_refused():
+    with pytest.raises(TypeError, match=r"dtype=torch.bfloat16 and precision='16-mixed' disagree"):
+        HpuAutocastPrecision(torch.bfloat16, precision="16-mixed", policy="torch-cpu")
+
+
+def _load_plugin_module(monkeypatch, stand_in: bool):
+    """A fresh copy of the plugins' module, with a stand-in ``lightning`` package installed (or
+    ``lightning`` missing): the module chooses its package when imported."""
+    import importlib.util
+    import sys
+    import types
+
+    if stand_in:
+        bases = {}
+        for name in ("lightning", "lightning.pytorch", "lightning.pytorch.plugins", "lightning.pytorch.plugins.precision",
+                     "lightning.fabric", "lightning.fabric.plugins", "lightning.fabric.plugins.precision"):
+            module = types.ModuleType(name)
+            if name.endswith("precision"):
+                bases[name] = module.MixedPrecision = type("MixedPrecision", (), {"__module__": name})
+            monkeypatch.setitem(sys.modules, name, module)
+    else:
+        monkeypatch.setitem(sys.modules, "lightning", None)  # not installed
+    path = hpu_autocast.integrations.lightning.__file__
+    spec = importlib.util.spec_from_file_location("hpu_autocast.integrations._lightning_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, (bases if stand_in else None)
+
+
+def test_the_plugins_come_from_lightning_where_it_is_installed(monkeypatch):
+    # Failed before: pytorch_lightning's only, which a lightning.Trainer refuses.
+    module, bases = _load_plugin_module(monkeypatch, stand_in=True)
+    assert module.LIGHTNING == "lightning"
+    assert module.HpuAutocastPrecision.__mro__[2] is bases["lightning.pytorch.plugins.precision"]
+    assert module.HpuAutocastFabricPrecision.__mro__[2] is bases["lightning.fabric.plugins.precision"]
+
+
+def test_the_plugins_come_from_pytorch_lightning_without_lightning(monkeypatch):
+    import lightning_fabric.plugins.precision as fabric_precision
+
+    module, _ = _load_plugin_module(monkeypatch, stand_in=False)
+    assert module.LIGHTNING == "pytorch_lightning"
+    assert issubclass(module.HpuAutocastPrecision, MixedPrecision)
+    assert issubclass(module.HpuAutocastFabricPrecision, fabric_precision.MixedPrecision)
+
+
+def _fabric_fit(**fabric_kwargs):
+    """A few Fabric training steps; the weights and, per forward, the region's dtype and the output's."""
+    from hpu_autocast.integrations import lightning as plugins
+    Fabric = (__import__("lightning.fabric", fromlist=["Fabric"]) if plugins.LIGHTNING == "lightning"
+              else __import__("lightning_fabric", fromlist=["Fabric"])).Fabric
+    fabric = Fabric(accelerator="cpu", devices=1, **fabric_kwargs)
+    pl.seed_everything(0, verbose=False)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    seen = []
+    net.register_forward_hook(lambda m, i, out: seen.append((hpu_autocast.get_dtype(), out.dtype)))
+    model, opt = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.5))
+    for x, y in _loader():
+        loss = F.cross_entropy(model(x), y)
+        fabric.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    return net.state_dict(), seen
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_the_fabric_plugin_trains_as_fabrics_own_mixed_precision(precision):
+    ours, seen = _fabric_fit(plugins=[HpuAutocastFabricPrecision(precision, policy="torch-cpu")])
+    # The oracle is Fabric's own MixedPrecision (Fabric(precision="16-mixed") on CPU switches to
+    # bf16-mixed, so the plugin is given directly).
+    from hpu_autocast.integrations.lightning import FabricMixedPrecision
+    native, native_seen = _fabric_fit(plugins=[FabricMixedPrecision(precision, device="cpu")])
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[precision]
+    assert seen == [(dtype, dtype)] * 4 and [d for _, d in native_seen] == [dtype] * 4
+    assert ours.keys() == native.keys() and all(torch.equal(ours[k], native[k]) for k in ours)
+    assert not hpu_autocast.is_enabled()
+
+
+class Logs(pl.LightningModule):
+    """Logs a value bfloat16 cannot hold (1 + 2**-10 + 1e-4) as an epoch metric in each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(16, 4)
+
+    def training_step(self, batch, batch_idx):
+        self.log("value", torch.tensor(1 + 2 ** -10 + 1e-4), on_step=False, on_epoch=True)
+        return self.net(batch[0]).float().sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.parametrize("policy", ["hpu", "torch-cpu"])
+def test_values_logged_in_a_step_follow_the_policy(policy):
+    # docs/migration.md: Lightning accumulates an epoch metric (mean, then a mul by the batch
+    # size) inside the step's region; hpu lowers both, torch-cpu neither.
+    trainer = _trainer(max_steps=-1, max_epochs=1, plugins=[HpuAutocastPrecision(policy=policy)])
+    trainer.fit(Logs(), _loader())
+    value = trainer.callback_metrics["value"]
+    exact = torch.tensor(1 + 2 ** -10 + 1e-4)
+    assert value.dtype == torch.float32
+    if policy == "hpu":
+        assert value.item() == exact.bfloat16().item() != exact.item()
+    else:
+        assert value.item() == pytest.approx(exact.item(), rel=1e-6)

@@ -4,6 +4,7 @@ the cast cache, and the state queries."""
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 import torch
@@ -418,3 +419,88 @@ def test_a_weight_copy_made_under_no_grad_serves_a_use_with_grad_as_native():
         assert torch.equal(o, n) and o.dtype == n.dtype
     weight = [[c.cached for c in e.casts if c.arg == "weight"] for e in events if e.name == "aten.linear.default"]
     assert weight == [[False], [True], [True]]
+
+
+# --- torch-cuda without CUDA; generators and coroutines decorated (issue 31, item 7) ---------------
+
+def test_a_cuda_region_without_cuda_warns_as_torch_autocast_does(monkeypatch):
+    # Failed before: silent. torch.autocast("cuda") warns "CUDA is not available ..." there.
+    from hpu_autocast import _devices
+    monkeypatch.setattr(_devices, "_cuda", False)
+    with pytest.warns(UserWarning, match="a region for device 'cuda', but CUDA is not available: it casts nothing"):
+        HpuAutocastMode(torch.float16, policy="torch-cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        HpuAutocastMode(policy="torch-cpu")
+        HpuAutocastMode(torch.float16, policy="torch-cuda", enabled=False)
+
+
+def _mm_dtypes_in_steps():
+    a = torch.randn(2, 2)
+    seen = yield torch.mm(a, a).dtype
+    yield torch.mm(a, a).dtype, seen, torch.is_autocast_enabled("cpu")
+
+
+def test_a_decorated_generator_runs_each_resumption_in_the_region():
+    # Failed before: the region opened and closed at the call, before the body's first step;
+    # both mm ran in float32. Between steps, the caller's code runs uncast.
+    gen = HpuAutocastMode(policy="torch-cpu")(_mm_dtypes_in_steps)()
+    first = next(gen)
+    assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == torch.float32 and not hpu_autocast.is_enabled()
+    second = gen.send("sent")
+    assert (first, second) == (torch.bfloat16, (torch.bfloat16, "sent", True))
+    # As native would run the same body inside torch.autocast at each step:
+    with torch.autocast("cpu"):
+        native = torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype
+    assert native == first
+    gen.close()
+    assert not hpu_autocast.is_enabled()
+
+
+def test_a_decorated_generator_takes_what_is_thrown_in_and_returns_its_value():
+    @HpuAutocastMode(policy="torch-cpu")
+    def gen():
+        try:
+            yield 1
+        except KeyError:
+            yield torch.is_autocast_enabled("cpu")
+        return "done"
+
+    g = gen()
+    assert next(g) == 1 and g.throw(KeyError("k")) is True
+    with pytest.raises(StopIteration) as stop:
+        next(g)
+    assert stop.value.value == "done" and not hpu_autocast.is_enabled()
+
+
+def test_a_decorated_coroutine_runs_each_step_in_the_region_and_no_other_task():
+    # Failed before: the coroutine's body ran uncast. Another task running while it is suspended
+    # sees no region (regions are per context).
+    import asyncio
+
+    @HpuAutocastMode(policy="torch-cpu")
+    async def cast(event):
+        a = torch.randn(2, 2)
+        before = torch.mm(a, a).dtype
+        await event.wait()
+        return before, torch.mm(a, a).dtype
+
+    async def other(event):
+        seen = torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype, hpu_autocast.is_enabled()
+        event.set()
+        return seen
+
+    async def main():
+        event = asyncio.Event()
+        return await asyncio.gather(cast(event), other(event))
+
+    ours, theirs = asyncio.run(main())
+    assert ours == (torch.bfloat16, torch.bfloat16) and theirs == (torch.float32, False)
+
+
+def test_a_decorated_async_generator_is_refused_at_decoration():
+    async def agen():
+        yield 1
+
+    with pytest.raises(TypeError, match="agen is an async generator"):
+        HpuAutocastMode()(agen)

@@ -232,3 +232,47 @@ def test_mode_verbose_logs(caplog):
         with HpuAutocastMode(verbose=True):
             lin(x)
     assert [r.getMessage() for r in caplog.records] == ["aten.linear.default  lower  f32,f32,f32 -> bf16"]
+
+
+def _flop_counter_total(fn) -> int:
+    """The oracle: ``FlopCounterMode``'s count for ``fn()``, the same calls cast by hand."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def test_flops_of_calls_fed_lower_beside_float32_weights_equal_torchs_counter():
+    # Every conv after the first in a CNN gets the bf16 output of the one before beside its
+    # float32 weight and bias; bmm/baddbmm/SDPA here get a bf16 operand beside a float32 one.
+    # The meta rerun must see the arguments as cast, or the op raises on the dtype mismatch
+    # and the FLOPs go uncounted (issue 31, item 1).
+    torch.manual_seed(0)
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                              torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+    img = torch.randn(2, 3, 12, 12)
+    a, b, c = torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(2, 3, 5)
+    q = torch.randn(1, 2, 3, 4)
+    conv = torch.nn.Conv2d(4, 2, 3)
+
+    def calls(other=lambda t: t, attention_device="cpu"):
+        lower = lambda t: t.to(torch.bfloat16)  # noqa: E731
+        conv(lower(cnn(img)))                  # the second conv2d has a bias and a bf16 input
+        torch.bmm(lower(a), other(b))
+        torch.baddbmm(other(c), lower(a), other(b))
+        qd = q.to(attention_device)
+        F.scaled_dot_product_attention(lower(qd), other(qd), other(qd))
+
+    policy = build_policy("t", lower=["conv2d", "bmm", "baddbmm", "scaled_dot_product_attention"])
+    with record(policy=policy) as rec:
+        calls()
+    r = rec.report()
+    # The oracle runs the same calls cast by hand (module weights in bf16), SDPA on meta tensors:
+    # on CPU tensors SDPA runs _scaled_dot_product_flash_attention_for_cpu, which flop_registry
+    # has no formula for (FlopCounterMode counts it 0); on meta it decomposes into two bmm.
+    cnn.to(torch.bfloat16), conv.to(torch.bfloat16)
+    img = img.to(torch.bfloat16)
+    oracle = _flop_counter_total(lambda: calls(lambda t: t.to(torch.bfloat16), "meta"))
+    assert r.flops_by_dtype == {"bf16": oracle}
+    assert r.lower_flop_share == 1.0
+    assert not [w for w in r.warnings if "FLOPs unknown" in w]

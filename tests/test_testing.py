@@ -455,3 +455,11 @@ def test_the_example_property_holds_for_its_example_and_finds_a_float64_head():
         "  dtype  head.proj  aten.linear.default  f64,f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in head)\n"
         "  dtype  (backward)  aten.mm.default  f64,f64 -> f64, policy bf16: float64 inputs (parameter head.proj.weight)\n"
         "  dtype  (backward)  aten.mm.default  f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in head)")
+
+
+@pytest.mark.parametrize("ignore", ["explicit dtype", ("explicit dtype",)], ids=["string", "tuple"])
+def test_ignore_takes_one_why_as_a_string(ignore):
+    # Failed before (issue 31, item 7): a string was iterated by character and filtered nothing.
+    fn = lambda x: torch.softmax(x, -1, dtype=torch.float32)  # noqa: E731
+    assert check_policy(fn, torch.randn(2, 3))  # the oracle: there is a deviation to ignore
+    assert not check_policy(fn, torch.randn(2, 3), ignore=ignore)

@@ -417,3 +417,33 @@ def test_when_only_the_gemms_lower_meets_the_tolerance_tune_meets_it_keeping_the
 
 def test_the_result_type_is_exported():
     assert isinstance(tune(lambda x: x * 2, torch.ones(2), tolerance=0.5), TuneResult)
+
+
+# --- the CNN worked example (examples/tune_cnn.py, docs/tuning.md) --------------------------------
+
+def test_the_cnn_example_counts_every_conv_and_is_the_documented_one():
+    # Issue 31, item 1: every conv after the first gets a bf16 input beside float32 weights;
+    # tune counted only the first conv's FLOPs and ranked the rest as elementwise work.
+    from torch.utils.flop_counter import FlopCounterMode
+    fn, inputs = runpy.run_path(str(ROOT / "examples" / "tune_cnn.py"), run_name="cnn")["tune_target"]()
+    result = tune(fn, *inputs, policy="hpu", tolerance=0.002)
+    with FlopCounterMode(display=False) as counter:
+        fn(*inputs)  # float32; FLOPs are shapes alone
+    flops = {k.__name__: v for k, v in counter.get_flop_counts()["Global"].items()}
+    rows = {r.op: r for r in result.rows}
+    assert rows["conv2d"].flops == flops["convolution"] and rows["linear"].flops == flops["addmm"]
+    assert result.moved == ("linear",) and result.met
+    assert _error(fn, *inputs, policy=result.policy) <= 0.002
+    blocks = re.findall(r"```\n(hpu_autocast tune: policy hpu -> .*?)```", DOC.read_text(), re.S)
+    number = re.compile(r"\d\.\d+e[+-]\d+")
+    assert number.sub("E", str(result) + "\n") == number.sub("E", blocks[1])
+
+
+@pytest.mark.parametrize("outputs", [lambda x: x.sum(0)[:0], lambda x: (x, {"logits": x * 2})], ids=["sliced", "batch"])
+def test_an_empty_batch_is_refused_not_met_with_error_0(outputs):
+    # Failed before (issue 31, item 7): met=True, error 0, whatever the policy.
+    x = torch.randn(0, 4)
+    with pytest.raises(ValueError, match=r"hold no floating element \(an empty batch\?\)"):
+        tune(lambda t: outputs(torch.nn.functional.linear(t, torch.ones(3, 4))), x, tolerance=TOL)
+    # With a metric of the user's, the outputs are the metric's business.
+    assert tune(lambda t: t * 2, x, metric=lambda ref, out: 0.0).met

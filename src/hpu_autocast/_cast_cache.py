@@ -38,7 +38,8 @@ def cached_cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Cal
     inference mode is off (a copy made there could never join a graph). A copy is made with grad
     enabled, also under ``no_grad``, so a later use with grad gets the ``ToCopyBackward`` it needs.
     As native, the copy serves until the outermost region exits, also after an in-place update
-    of the weight (an optimizer step inside the region): a region's weights are its constants.
+    of the weight (an optimizer step inside the region): a region's weights are its constants;
+    ``torch.clear_autocast_cache()`` inside the region empties it, as native's (``_torch_autocast``).
     Nothing else is cached (inputs, masks, frozen weights are cast at each use): their values
     can change behind any version counter (``.data``, NumPy, DLPack), so no entry could be
     proved fresh. One safe difference from native: entries are keyed by the dtype too, so a

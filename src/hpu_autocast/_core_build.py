@@ -66,7 +66,13 @@ def build(verbose: bool = False) -> Path:
     from torch.utils import cpp_extension
 
     directory = build_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # HPU_AUTOCAST_CORE_DIR naming a file, a read-only cache, ...
+        where = (f" (HPU_AUTOCAST_CORE_DIR={os.environ['HPU_AUTOCAST_CORE_DIR']!r})"
+                 if os.environ.get("HPU_AUTOCAST_CORE_DIR") else "")
+        raise RuntimeError(f"hpu_autocast: the C++ core's build directory {directory}{where} cannot be made: "
+                           f"{e.strerror or e}; point HPU_AUTOCAST_CORE_DIR at a writable directory") from None
     _ninja_on_path()
     try:
         cpp_extension.load(name=MODULE, sources=[str(SOURCE)], build_directory=str(directory),

@@ -87,6 +87,7 @@ _is_excluded = _torch.is_excluded
 # The autocast keys no in-tree backend uses, with the device whose backend would claim each,
 # lowest dispatch priority first (the ops key is the first free one; Note: borrowing keys).
 _CANDIDATES = (("AutocastIPU", "ipu"), ("AutocastHPU", "hpu"), ("AutocastPrivateUse1", "privateuseone"))
+_DEVICE_OF_KEY = {getattr(_DK, name): device for name, device in _CANDIDATES}
 
 
 # [Note: excluding keys around a call]
@@ -347,6 +348,20 @@ class ThreadSwitch:
             self._saved_ops = _switch(k.ops, self.ops > 0, self._saved_ops)
         if (self.all > 0) is (self._saved_all is None):
             self._saved_all = _switch(k.all, self.all > 0, self._saved_all)
+
+
+def borrowed_was_enabled(device: Optional[str]) -> Optional[bool]:
+    """What ``torch.is_autocast_enabled(device)`` answered before this thread's regions switched on
+    the borrowed key of ``device`` (``"ipu"``: ``AutocastIPU``), or ``None`` when no borrowed key of
+    that device is switched on here. torch's getter reads the key's exclusion, which a region
+    clears to run its kernels: the key is the engine's, not that device's autocast."""
+    switch = getattr(_tls, "switch", None)
+    if switch is None or device is None:
+        return None
+    for saved in (switch._saved_ops, switch._saved_all):
+        if saved is not None and _DEVICE_OF_KEY.get(saved[0]) == device:
+            return not saved[2]
+    return None
 
 
 def _switch(key, on: bool, saved: Optional[tuple]) -> Optional[tuple]:

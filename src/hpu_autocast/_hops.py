@@ -29,6 +29,16 @@ not), and an operator with a kernel of its own there keeps it. Per operator:
   the engine's state is the region's frame, gone by then, so a function called outside the state
   it was bound to runs in a region with it, as a checkpoint's recomputation does
   (``_torch_autocast``), and the backward sees the forward's casts.
+
+  Native's key stays on for the whole of that tracing, the backward formulas included (the joint
+  function ``create_bw_fn`` makes: the branch, then ``torch.autograd.grad``): so an op the branch
+  ran in float32 under ``torch.autocast(enabled=False)`` has its backward traced with autocast on,
+  and an ``mm`` there computes in the lower dtype. For ``cond``, whose joint functions are made in
+  the forward and kept on its autograd node (``_true_bw_fn``, ``_false_bw_fn``), the kernel wraps
+  them so that each whole joint runs in a region with the forward's state, and the gradients are
+  native's bit for bit (``_joint_in_region``). The other replayed operators make their joint
+  functions in the backward, from the functions alone; their opted-out ops' backward runs as the
+  forward ran it (in float32, where native's casts).
 """
 
 from __future__ import annotations
@@ -104,10 +114,33 @@ def _bound(op) -> Callable:
         if _regions.innermost() is not None:
             args = tuple(_bind(a) if _is_function(a) else a for a in args)
         below = _torch.hop_keyset(op, args, kwargs) & _torch.keyset_after(_dispatch._keys.ops)
-        return op.dispatch(below.highestPriorityTypeId(), *args, **kwargs)
+        out = op.dispatch(below.highestPriorityTypeId(), *args, **kwargs)
+        if op.name() == "cond" and _regions.innermost() is not None:
+            _joint_in_region(out)
+        return out
 
     kernel.__name__ = kernel.__qualname__ = f"hpu_autocast_kernel[{op.name()}]"
     return kernel
+
+
+#: The joint functions torch's ``CondAutogradOp`` keeps on its node (the Note); where a torch
+#: keeps none under these names, its backward is traced as before.
+_COND_JOINTS = ("_true_bw_fn", "_false_bw_fn")
+
+
+def _joint_in_region(out) -> None:
+    """Wrap the joint functions on the autograd node of ``cond``'s outputs ``out`` to run whole in
+    a region with the calling context's state now (the Note)."""
+    from torch.utils._pytree import tree_leaves
+
+    for t in tree_leaves(out):
+        node = getattr(t, "grad_fn", None)
+        if node is None or getattr(node, "_hpu_autocast_joint", False):
+            continue
+        if all(callable(getattr(node, name, None)) for name in _COND_JOINTS):
+            for name in _COND_JOINTS:
+                setattr(node, name, _torch_autocast.recompute_in_region(getattr(node, name)))
+            node._hpu_autocast_joint = True
 
 
 def _is_function(a) -> bool:

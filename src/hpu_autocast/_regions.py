@@ -35,6 +35,9 @@ __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost
 _EMPTY: Dict[int, OpRule] = {}
 _cache_on = torch._C.is_autocast_cache_enabled
 _set_cache_on = torch._C.set_autocast_cache_enabled
+_increment_nesting = torch.autocast_increment_nesting
+_decrement_nesting = torch.autocast_decrement_nesting
+_clear_native_cache = torch._C.clear_autocast_cache
 _thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
 
 
@@ -234,6 +237,10 @@ def enter(region: Region, k: _dispatch.Keys, opened: Callable[[], None]) -> None
     switch.sync(k)
     if region.observer is not None:
         region.eager = _compile_guard.observing_opened()
+    # As torch.autocast: a region counts in torch's autocast nesting, so a torch.autocast nested
+    # in it does not clear the cast caches at its exit (it calls torch.clear_autocast_cache only
+    # when it leaves the outermost autocast context, which the region then is).
+    _increment_nesting()
     region.cache_was = _cache_on()
     if switch.ops == 1:
         _thread.cache_was = region.cache_was  # the first region open in this thread: torch's flag before
@@ -315,6 +322,8 @@ def _close(region: Region) -> None:
         switch.all -= 1
     if region.owns_cache:
         region.cache.clear()
+    if _decrement_nesting() == 0:
+        _clear_native_cache()  # as torch.autocast's exit from the outermost context
     if region.eager:
         _compile_guard.observing_closed(True)
     switch.sync(_dispatch._keys)

@@ -18,7 +18,22 @@ import torch
 
 from .builder import policy_from_files
 
-__all__ = ["add_parser", "add_script_arguments", "policy_of", "DTYPES", "run", "main"]
+__all__ = ["add_parser", "add_script_arguments", "check_script_arguments", "policy_of", "UsageError", "Parser",
+           "DTYPES", "run", "main"]
+
+
+class UsageError(Exception):
+    """A command given what it cannot run (an unknown preset, a missing script): exit status 2
+    and one line on stderr, before the script runs."""
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse``'s parser, whose usage errors are one line on stderr (exit status 2), naming the
+    command and where its help is, as ``UsageError``s are (the subcommands' parsers are of this
+    class too: ``add_subparsers`` makes its parsers of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16}
 
@@ -49,6 +64,18 @@ def add_script_arguments(p: argparse.ArgumentParser, script_help: str) -> None:
     p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
 
 
+def check_script_arguments(ns: argparse.Namespace) -> None:
+    """Raise ``UsageError`` for what would make the command fail once started: the preset is not
+    one, the script is not a file."""
+    from .presets import preset_names
+
+    if ns.preset not in preset_names():
+        raise UsageError(f"--preset {ns.preset!r} is not a preset; valid presets: {', '.join(preset_names())}")
+    if not os.path.isfile(ns.script):
+        what = "is a directory" if os.path.isdir(ns.script) else "does not exist"
+        raise UsageError(f"script {ns.script!r} {what}; give the path of a Python file")
+
+
 def policy_of(ns: argparse.Namespace):
     """The policy ``add_script_arguments``' flags name: the preset, or it with list files."""
     if ns.lower_list or ns.fp32_list:
@@ -66,6 +93,9 @@ def run(ns: argparse.Namespace) -> int:
     from .mode import HpuAutocastMode
     from .report import Recorder
 
+    check_script_arguments(ns)
+    if ns.plot:
+        _check_plot(ns.plot)
     rec = Recorder()
     # Note: the whole script is one region, optimizer steps included. The cast cache assumes
     # weights do not change inside a region (as torch.autocast's does), so it is off here.
@@ -101,6 +131,17 @@ def run(ns: argparse.Namespace) -> int:
     return code
 
 
+def _check_plot(path: str) -> None:
+    """``--plot``'s needs, asked before the script runs (not after a long run): matplotlib, and a
+    suffix it writes."""
+    if os.path.splitext(path)[1].lower() not in (".png", ".svg"):
+        raise UsageError(f"--plot {path!r}: give a .png or .svg path")
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
+
+
 def _exit_status(code) -> tuple:
     """(status, message) of ``sys.exit(code)``, as the interpreter turns it into an exit: ``None``
     is 0, an int is itself, anything else is printed to stderr and gives 1."""
@@ -122,10 +163,14 @@ def _print_script_traceback(exc: BaseException) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpu_autocast._report_cli")
+    parser = Parser(prog="python -m hpu_autocast._report_cli")
     add_parser(parser.add_subparsers(dest="command", required=True))
     ns = parser.parse_args(argv)
-    return ns.func(ns)
+    try:
+        return ns.func(ns)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ import torch
 import torch.optim.optimizer as _optimizer
 import torch.utils.checkpoint as _checkpoint
 
-from . import _compile_guard, _kernels, _regions, _torch, _torchscript
+from . import _compile_guard, _dispatch, _kernels, _regions, _torch, _torchscript
 from ._table import compile_policy
 
 __all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region"]
@@ -111,7 +111,11 @@ def _device_of(args: tuple, kwargs: dict, n_without: int) -> Tuple[Optional[str]
 def is_autocast_enabled(*args, **kwargs) -> bool:
     device, _ = _device_of(args, kwargs, 0)
     frame = _frame_for(device)
-    return frame.enabled if frame is not None else _real["is_autocast_enabled"](*args, **kwargs)
+    if frame is not None:
+        return frame.enabled
+    # The device of a key the engine borrowed ("ipu"): torch's answer before the key was switched on.
+    was = _dispatch.borrowed_was_enabled(device)
+    return was if was is not None else _real["is_autocast_enabled"](*args, **kwargs)
 
 
 def get_autocast_dtype(*args, **kwargs) -> torch.dtype:
@@ -142,6 +146,18 @@ def set_autocast_dtype(*args, **kwargs) -> None:
                       f"keeps {frame.dtype}", UserWarning, stacklevel=3)
         return
     _regions.replace_innermost(frame.enabled, dtype)
+
+
+def clear_autocast_cache() -> None:
+    """torch's ``clear_autocast_cache``, which inside a region also clears the region's cast cache
+    (shared by the outermost region and all nested in it), as native clears its own: a weight
+    updated in place is then cast afresh at its next use (Note: the cast cache, ``_cast_cache``).
+    A ``torch.autocast`` nested in a region does not reach here at its exit: the region counts in
+    torch's autocast nesting (``_regions.enter``), so only an explicit call clears it."""
+    frame = _regions.innermost()
+    if frame is not None and frame.region.cache is not None:
+        frame.region.cache.clear()
+    _real["clear_autocast_cache"]()
 
 
 def _is_any_autocast_enabled() -> bool:
@@ -385,6 +401,7 @@ PATCHED: Tuple[Tuple[object, str, object], ...] = (
     (torch, "set_autocast_enabled", set_autocast_enabled),
     (torch, "set_autocast_dtype", set_autocast_dtype),
     (*_torch.ANY_AUTOCAST_ENABLED, _is_any_autocast_enabled),
+    (torch, "clear_autocast_cache", clear_autocast_cache),
     (_checkpoint, _GENERATOR, _checkpoint_without_reentrant_generator),
     (_checkpoint, "CheckpointFunction", _CheckpointFunction()),
 )
@@ -407,7 +424,10 @@ _GROUPS = _by_owner(PATCHED)
 
 def _getter_pairs() -> list:
     """(torch's function, ours) for each patched torch function."""
-    return [(_real[name], new) for owner, name, new in PATCHED if owner in (torch, torch._C)]
+    return [(_real[name], new) for owner, name, new in PATCHED
+            if owner in (torch, torch._C) and name != "clear_autocast_cache"]
+    # (clear_autocast_cache is left out: Dynamo puts torch's in the graph, and ours, a function of
+    # a package Dynamo skips, then breaks the graph and runs eagerly, clearing the region's cache.)
 
 
 # [Note: the count of open regions]

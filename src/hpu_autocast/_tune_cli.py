@@ -21,7 +21,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from ._report_cli import DTYPES, add_script_arguments, policy_of
+from ._report_cli import DTYPES, add_script_arguments, check_script_arguments, policy_of
 
 __all__ = ["add_parser", "run", "load_target", "TargetError", "TARGET", "RUN_NAME"]
 
@@ -83,9 +83,11 @@ def load_target(script: str, args: list) -> Tuple[Callable, tuple, Optional[Call
 
 def run(ns: argparse.Namespace) -> int:
     """Tune and print the result; write the files asked for. Exit status 0 when the tolerance
-    is met, 1 when it is not, 2 when the script names nothing to tune or a flag is out of range."""
+    is met, 1 when it is not, 2 when the script names nothing to tune or a flag is out of range
+    (``UsageError``, also for an unknown preset or a missing script: 1 keeps meaning "not met")."""
     from .tuning import tune
 
+    check_script_arguments(ns)
     if not ns.tolerance >= 0 or ns.max_runs < 3:  # `not >=`: a nan tolerance too
         print(f"error: --tolerance must be >= 0 (got {ns.tolerance}) and --max-runs at least 3 "
               f"(got {ns.max_runs})", file=sys.stderr)

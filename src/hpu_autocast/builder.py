@@ -192,6 +192,22 @@ def policy_from_env(preset: str = DEFAULT_PRESET) -> Policy:
 GAUDI_CONFIG_NAME = "gaudi_config.json"
 #: ``GaudiConfig``'s keys for autocast's lists, and the list of ours each replaces.
 GAUDI_CONFIG_LISTS = (("autocast_bf16_ops", "lower"), ("autocast_fp32_ops", "fp32"))
+#: The older configurations' keys for HMP's lists (``use_habana_mixed_precision``), likewise.
+GAUDI_CONFIG_HMP_LISTS = (("hmp_bf16_ops", "lower"), ("hmp_fp32_ops", "fp32"))
+#: optimum-habana's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS (BERT's): what an older GaudiConfig
+#: gave HMP when hmp_bf16_ops or hmp_fp32_ops was absent.
+GAUDI_CONFIG_HMP_DEFAULTS = {
+    "lower": ["add", "addmm", "bmm", "div", "dropout", "gelu", "iadd", "linear", "layer_norm", "matmul", "mm",
+              "rsub", "softmax", "truediv"],
+    "fp32": ["embedding", "nll_loss", "log_softmax"],
+}
+#: Every key a GaudiConfig of optimum-habana 1.x reads or writes (``optimum_version`` and
+#: ``transformers_version``: the metadata its save_pretrained adds).
+GAUDI_CONFIG_KEYS = frozenset({
+    "use_torch_autocast", "autocast_bf16_ops", "autocast_fp32_ops",
+    "use_habana_mixed_precision", "hmp_bf16_ops", "hmp_fp32_ops", "hmp_is_verbose", "hmp_opt_level",
+    "use_fused_adam", "use_fused_clip_norm", "use_dynamic_shapes", "optimum_version", "transformers_version",
+})
 
 
 # [Note: a Gaudi configuration as optimum-habana applies it]
@@ -203,9 +219,20 @@ GAUDI_CONFIG_LISTS = (("autocast_bf16_ops", "lower"), ("autocast_fp32_ops", "fp3
 # and PT_HPU_AUTOCAST_FP32_OPS_LIST at them, and only when *both* are given: a configuration with one
 # list changes nothing on Gaudi. policy_from_gaudi_config gives what that route gives here (the
 # files read by policy_from_env): both lists replace the hpu preset's, and one list alone is
-# warned about and left out. use_torch_autocast says whether autocast runs at all, not which
-# policy, so it is not read. (The module's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS, BERT's lists
-# from the HMP days, are no longer any field's default.)
+# warned about and left out. (The module's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS, BERT's lists
+# from the HMP days, are no longer the autocast fields' default.)
+#
+# Older configurations (optimum-habana up to 1.5) ran Habana Mixed Precision instead:
+# use_habana_mixed_precision true made GaudiTrainer write hmp_bf16_ops and hmp_fp32_ops (absent:
+# DEFAULT_BF16_OPS and DEFAULT_FP32_OPS) to two files and call hmp.convert(opt_level=hmp_opt_level
+# ("O1" if absent), bf16_file_path=..., fp32_file_path=...): the result is hmp.convert's policy,
+# the hmp preset with both lists replaced (hmp-O2 for "O2", which ignores the lists). GaudiConfig
+# refused use_habana_mixed_precision together with use_torch_autocast (a ValueError): so does this.
+# use_torch_autocast: false, explicitly, with no HMP, turns mixed precision off: the policy casts
+# nothing (an absent key is read as the presence of lists says, since newer optimum-habana turns
+# autocast on from the trainer's --bf16 too). GaudiConfig keeps a key it does not know as an
+# attribute, silently (BaseConfig); here such a key warns, naming the nearest known key, since a
+# misspelt list key (autocast_bf16_op) would otherwise leave Gaudi's default lists in force.
 
 def _gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Tuple[Optional[str], Mapping[str, Any]]:
     """``(path or None, the configuration as a dict)``; errors name the file."""
@@ -244,6 +271,35 @@ def _gaudi_config_list(data: Mapping[str, Any], key: str, path: Optional[str]) -
     return [(name, (path, f"{key}[{i}]")) for i, name in enumerate(value)]
 
 
+def _gaudi_where(path: Optional[str]) -> str:
+    return f"Gaudi configuration {path!r}" if path is not None else "Gaudi configuration dict"
+
+
+def _warn_unknown_gaudi_keys(data: Mapping[str, Any], path: Optional[str]) -> None:
+    """Warn of each key no GaudiConfig reads, with the nearest known one (Note: a Gaudi configuration)."""
+    import difflib
+
+    for key in data:
+        if key in GAUDI_CONFIG_KEYS or (isinstance(key, str) and key.startswith("_")):
+            continue
+        near = difflib.get_close_matches(str(key), sorted(GAUDI_CONFIG_KEYS), n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        warnings.warn(f"{_gaudi_where(path)}: unknown key {key!r}, ignored (optimum-habana keeps it unread); "
+                      f"{hint}the keys read are {', '.join(sorted(GAUDI_CONFIG_KEYS))}", UserWarning, stacklevel=3)
+
+
+def _gaudi_config_hmp(data: Mapping[str, Any], path: Optional[str]) -> Policy:
+    """An older configuration's HMP policy: what its ``hmp.convert`` call ran (the Note)."""
+    level = data.get("hmp_opt_level") or "O1"
+    if level not in ("O1", "O2"):
+        raise PolicyError(f"{_gaudi_where(path)}: hmp_opt_level must be \"O1\" or \"O2\", got {level!r}")
+    if level == "O2":
+        return get_preset("hmp-O2")
+    lists = {arg: _gaudi_config_list(data, key, path) for key, arg in GAUDI_CONFIG_HMP_LISTS}
+    lists = {arg: GAUDI_CONFIG_HMP_DEFAULTS[arg] if entries is None else entries for arg, entries in lists.items()}
+    return with_lists(get_preset("hmp"), **lists)
+
+
 def policy_from_gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Policy:
     """The policy that optimum-habana's Gaudi configuration sets up on Gaudi.
 
@@ -255,12 +311,27 @@ def policy_from_gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Poli
     list gives the ``hpu`` preset; one with only one of them also, with a warning, as optimum-habana
     then sets no list. Gaudi's ``PT_HPU_AUTOCAST_*`` variables are not read.
 
+    An older configuration with ``use_habana_mixed_precision: true`` gives the HMP policy its
+    ``hmp.convert`` ran: the ``hmp`` preset with ``hmp_bf16_ops`` and ``hmp_fp32_ops`` as its lists
+    (optimum-habana's BERT lists where absent), or ``hmp-O2`` for ``hmp_opt_level: "O2"``.
+    ``use_torch_autocast: false`` (without HMP) gives a policy that casts nothing: mixed precision
+    is off. A key no ``GaudiConfig`` reads warns, naming the nearest known key.
+
     Raises ``PolicyError`` naming the file for a missing, unreadable or malformed file, naming the
     key for a list that is not a list of strings, and naming the op and its key
     (``'mmm' (gaudi_config.json, key autocast_bf16_ops[3])``, or ``(dict key ...)`` for a dict)
     for an op this torch does not have.
     """
     path, data = _gaudi_config(config)
+    _warn_unknown_gaudi_keys(data, path)
+    hmp_on, autocast = data.get("use_habana_mixed_precision"), data.get("use_torch_autocast")
+    if hmp_on and autocast:
+        raise PolicyError(f"{_gaudi_where(path)}: use_habana_mixed_precision and use_torch_autocast are both true; "
+                          "optimum-habana refuses that (one mixed-precision mode or the other): set one to false")
+    if hmp_on:
+        return _gaudi_config_hmp(data, path)
+    if autocast is False:
+        return build_policy("gaudi-config (use_torch_autocast: false)", lower=(), fp32=())
     lists = {arg: _gaudi_config_list(data, key, path) for key, arg in GAUDI_CONFIG_LISTS}
     base = as_policy(DEFAULT_PRESET, env=False)
     given = [key for key, arg in GAUDI_CONFIG_LISTS if lists[arg] is not None]

@@ -1,7 +1,8 @@
 """The ``hpu-autocast`` / ``python -m hpu_autocast`` command line.
 
     policy --preset NAME [--lower-list F] [--fp32-list F] [--format table|json|markdown]
-    check FILE...            validate op list files (exit status 1 and the bad names listed)
+    check FILE...            validate op list files (exit status 1 and the bad names listed); two or
+                             more are also checked as pairs (lower, FP32): an op on both is an error
     diff PRESET PRESET       where two presets disagree
     report [flags] SCRIPT.py [args]   run a script under the mode, print the precision report
     tune [flags] SCRIPT.py [args]     tune a policy for the script's tune_target() (docs/tuning.md)
@@ -13,12 +14,15 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
+import warnings
 from typing import Dict, List, Optional, Sequence
 
 from . import _report_cli, _tune_cli
+from ._report_cli import Parser, UsageError
 from .builder import policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
@@ -103,27 +107,50 @@ def _cmd_policy(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_check(ns: argparse.Namespace) -> int:
-    bad = 0
-    for path in ns.files:
+_CHECK_HELP = """Check op list files as Gaudi's PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST and
+PT_HPU_AUTOCAST_FP32_OPS_LIST files are read here (policy_from_files): each file must exist and be
+text, and every name on it must name an op this torch has (errors give the file and line, and the
+nearest valid names). Files that pass are then checked in pairs, as the loader takes a lower list
+and an FP32 list together: an op on both (by any spelling) is an error, which the loader would
+refuse. Exit status 0 when all is valid, 1 otherwise."""
+
+
+def _check_file(path: str) -> bool:
+    """Print what is wrong with one list file (or that it is valid); ``True`` when valid."""
+    try:
+        entries = read_list(path)
+    except PolicyError as e:
+        print(f"error: {e}")
+        return False
+    errors = []
+    for name, source in entries:
         try:
-            entries = read_list(path)
+            resolve(name, source)
         except PolicyError as e:
-            print(f"error: {e}")
-            bad += 1
-            continue
-        errors = []
-        for name, source in entries:
-            try:
-                resolve(name, source)
-            except PolicyError as e:
-                errors.append(str(e))
-        for e in errors:
-            print(f"error: {e}")
-        bad += len(errors)
-        if not errors:
-            print(f"{path}: {len(entries)} ops, all valid")
-    return 1 if bad else 0
+            errors.append(str(e))
+    for e in errors:
+        print(f"error: {e}")
+    if not errors:
+        print(f"{path}: {len(entries)} ops, all valid")
+    return not errors
+
+
+def _check_pair(lower: str, fp32: str) -> bool:
+    """Whether the loader takes ``lower`` and ``fp32`` as the two lists together (prints why not)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a preset-specific note (truediv on the FP32 list) is no conflict
+            policy_from_files("hpu", lower=lower, fp32=fp32)
+    except PolicyError as e:
+        print(f"error: {lower} (lower) with {fp32} (FP32): {e}")
+        return False
+    return True
+
+
+def _cmd_check(ns: argparse.Namespace) -> int:
+    valid = [path for path in ns.files if _check_file(path)]
+    pairs = [_check_pair(a, b) for a, b in itertools.combinations(valid, 2)]
+    return 0 if len(valid) == len(ns.files) and all(pairs) else 1
 
 
 def _cmd_diff(ns: argparse.Namespace) -> int:
@@ -162,7 +189,7 @@ def _cmd_build_core(ns: argparse.Namespace) -> int:
 
     try:
         path = _core_build.build(verbose=ns.verbose)
-    except RuntimeError as e:
+    except (RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"C++ core built for this torch: {path}")
@@ -170,7 +197,7 @@ def _cmd_build_core(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpu-autocast", description="Mixed-precision policies for PyTorch.")
+    parser = Parser(prog="hpu-autocast", description="Mixed-precision policies for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
     presets = preset_names()
 
@@ -181,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="table", choices=["table", "json", "markdown"])
     p.set_defaults(func=_cmd_policy)
 
-    p = sub.add_parser("check", help="validate op list files")
+    p = sub.add_parser("check", help="validate op list files, alone and in pairs", description=_CHECK_HELP)
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=_cmd_check)
 
@@ -209,7 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
-    except PolicyError as e:
+    except (PolicyError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
+import warnings
 from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
@@ -24,6 +26,39 @@ def default_device_type(policy: Optional[Policy] = None) -> str:
     (``cpu`` for ``torch-cpu``), else the device this process runs on (``hpu`` once Gaudi's bridge
     is loaded, ``cuda`` where available, else ``cpu``; ``_devices.default_device_type``)."""
     return _devices.default_device_type(getattr(policy, "device_type", None))
+
+
+def _steps(mode: "HpuAutocastMode", it):
+    """Drive the generator or coroutine ``it``, each step inside ``mode`` (Note: a region per step);
+    what the consumer sends or throws in is passed on, and what ``it`` yields passed out."""
+    send, throw = None, None
+    while True:
+        try:
+            with mode:
+                out = it.send(send) if throw is None else it.throw(throw)
+        except StopIteration as stop:
+            return stop.value
+        send, throw = None, None
+        try:
+            send = yield out
+        except GeneratorExit:
+            with mode:
+                it.close()
+            raise
+        except BaseException as e:  # thrown in by the consumer (or the event loop: a cancellation)
+            throw = e
+
+
+class _Steps:
+    """An awaitable driving a coroutine through ``_steps``."""
+
+    __slots__ = ("_gen",)
+
+    def __init__(self, mode: "HpuAutocastMode", coroutine) -> None:
+        self._gen = _steps(mode, coroutine)
+
+    def __await__(self):
+        return self._gen
 
 
 def _check_flag(name: str, value) -> bool:
@@ -92,6 +127,10 @@ class HpuAutocastMode:
         # HPU region refuses float16 and never caches (seed 000; _devices.check_dtype).
         if self.enabled:
             _devices.check_dtype(dtype, device_type)
+        if self.enabled and device_type == "cuda" and not _devices._cuda_available():
+            # As torch.autocast("cuda") warns (and disables itself): no tensor here is on CUDA.
+            warnings.warn("hpu_autocast: a region for device 'cuda', but CUDA is not available: it casts nothing "
+                          "(for CPU tensors use device_type='cpu' or a CPU policy)", UserWarning, stacklevel=2)
         self.dtype = dtype
         self.cache_enabled = _devices.default_cache_enabled(device_type) and cache_enabled is not False
         self.observer = observer
@@ -146,6 +185,12 @@ class HpuAutocastMode:
             raise TypeError(f"HpuAutocastMode()(fn) decorates a callable, got {fn!r} ({type(fn).__name__}); "
                             "to cast a block, use it as a context manager: with HpuAutocastMode(...): ...")
 
+        if inspect.isasyncgenfunction(fn):
+            raise TypeError(f"HpuAutocastMode()(fn): {fn.__qualname__} is an async generator, which a region cannot "
+                            "follow between its steps; enter the mode inside it: async with ... or with HpuAutocastMode(...)")
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn):
+            return self._decorate_steps(fn)
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             clone = self._clone()
@@ -156,6 +201,26 @@ class HpuAutocastMode:
                 self._recorder = clone._recorder
 
         return wrapper
+
+    def _decorate_steps(self, fn: Callable) -> Callable:
+        """A generator function or ``async def`` whose every step (each resumption, up to its next
+        ``yield`` or ``await`` that suspends) runs in a region with these settings.
+
+        [Note: a region per step] A region is per context, and a generator's or coroutine's
+        body runs in its caller's context, a step at a time: a region entered at the call
+        (torch.autocast's decorator does so) closes before the first step runs, and one held open
+        across a suspension would cast the caller's code, or another task's, in between. So each
+        step runs in the region and it closes when the step suspends; the cast cache lasts one step."""
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def coroutine(*args, **kwargs):
+                return await _Steps(self._clone(), fn(*args, **kwargs))
+            return coroutine
+
+        @functools.wraps(fn)
+        def generator(*args, **kwargs):
+            return (yield from _steps(self._clone(), fn(*args, **kwargs)))
+        return generator
 
     def _settings(self) -> dict:
         """The keyword arguments that make a mode like this one (``dtype`` aside)."""

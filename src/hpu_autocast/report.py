@@ -15,8 +15,11 @@ registry (``flop_registry``: mm, addmm, bmm, baddbmm, convolution, attention). T
 composites (``linear``, ``matmul``, ``conv2d``, ``scaled_dot_product_attention``) whose insides it
 leaves alone, so the recorder runs each matmul/conv-like call once more on ``meta`` tensors
 (shapes only, no data, no compute) under a small dispatch mode that applies the registry's
-formulas to what the composite decomposes into. The call's FLOPs are attributed to its compute
-dtype. Ops the registry has no formula for (``dot``, ``mv``) count zero, as in
+formulas to what the composite decomposes into. The event carries the arguments as the caller
+passed them, before the engine's casts, so the rerun gives its floating tensors the call's compute
+dtype, as the call ran: a conv fed a bf16 activation beside float32 weights would otherwise raise
+on the mismatch and go uncounted (the formulas read shapes alone, so the dtype changes no count).
+The call's FLOPs are attributed to its compute dtype. Ops the registry has no formula for (``dot``, ``mv``) count zero, as in
 ``FlopCounterMode``.
 """
 
@@ -94,8 +97,13 @@ class _FlopCounter(TorchDispatchMode):
         return out
 
 
-def _meta(x):
-    return torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) else x
+def _meta(x, dtype: Optional[torch.dtype] = None):
+    """A meta tensor of ``x``'s shape; floating ones in ``dtype`` where given (the compute dtype)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if dtype is not None and x.is_floating_point():
+        return torch.empty_like(x, device="meta", dtype=dtype)
+    return torch.empty_like(x, device="meta")
 
 
 def _signature(x):
@@ -106,10 +114,12 @@ def _signature(x):
     return x
 
 
-def _flops(op, args: tuple, kwargs: dict) -> Optional[int]:
-    """FLOPs of ``op(*args, **kwargs)`` by the registry's formulas, from shapes alone. Observers
-    run with the engine switched off, so this meta run is not cast or reported."""
-    margs, mkwargs = tree_map(_meta, (args, kwargs))
+def _flops(op, args: tuple, kwargs: dict, compute: Optional[torch.dtype] = None) -> Optional[int]:
+    """FLOPs of ``op(*args, **kwargs)`` by the registry's formulas, from shapes alone, with its
+    floating arguments in ``compute`` (the dtype the call ran in). Observers run with the engine
+    switched off, so this meta run is not cast or reported."""
+    dtype = compute if compute is not None and compute.is_floating_point else None
+    margs, mkwargs = tree_map(lambda x: _meta(x, dtype), (args, kwargs))
     try:
         with _FlopCounter() as counter:
             op(*margs, **mkwargs)
@@ -149,22 +159,22 @@ class Recorder:
             if not c.cached:
                 self._note_cast(c.tensor, c.to_dtype, name)
         if _ops.op_base_name(event.op) in _FLOP_OPS:
-            f = self._flops_of(event.op, event.args, event.kwargs)
+            f = self._flops_of(event.op, event.args, event.kwargs, event.compute)
             if f is not None:
                 row.flops = (row.flops or 0) + f
             else:
                 self._warn(("flops", name), f"{name}: FLOPs unknown (no meta kernel); not counted")
         self._check(event, action)
 
-    def _flops_of(self, op, args, kwargs) -> Optional[int]:
+    def _flops_of(self, op, args, kwargs, compute: Optional[torch.dtype]) -> Optional[int]:
         # FLOPs depend on shapes and the non-tensor arguments alone: one shape run per signature.
         try:
             key = (op, _signature(args), _signature(tuple(kwargs.items())))
             hash(key)
         except TypeError:
-            return _flops(op, args, kwargs)
+            return _flops(op, args, kwargs, compute)
         if key not in self._flop_cache:
-            self._flop_cache[key] = _flops(op, args, kwargs)
+            self._flop_cache[key] = _flops(op, args, kwargs, compute)
         return self._flop_cache[key]
 
     def _note_cast(self, t: torch.Tensor, target: torch.dtype, op: str) -> None:

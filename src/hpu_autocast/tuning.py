@@ -506,6 +506,22 @@ def _check_args(fn, tolerance, metric, max_runs, progress) -> float:
     return float(tolerance)
 
 
+def _floating_elements(out) -> int:
+    """How many floating elements the outputs ``out`` (tensors, nested in lists, tuples, dicts) hold."""
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def _reference(runner: "_Runner", metric: Optional[Callable]):
+    """The float32 run's outputs; refused when the default metric would have nothing to compare."""
+    ref = runner.call(None)
+    if metric is None and not _floating_elements(ref):
+        raise ValueError("tune: fn's float32 outputs hold no floating element (an empty batch?), so every policy "
+                         "would be within any tolerance (error 0): give inputs with at least one sample, or a metric")
+    return ref
+
+
 def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu", tolerance: float = 0.01,
          metric: Optional[Callable] = None, max_runs: int = 200, device_type: Optional[str] = None,
          progress: Optional[Callable[[str], None]] = None) -> TuneResult:
@@ -533,7 +549,7 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     runner = _Runner(fn, inputs, dtype, device_type, metric, max_runs, progress)
     low = short_dtype(dtype)
 
-    runner.ref = runner.call(None)
+    runner.ref = _reference(runner, metric)
     noise = runner.error(runner.call(None))
     runner.say(f"run {runner.runs}/{max_runs}: float32 reference, run twice (difference {noise:.1e})")
     if noise > tolerance:

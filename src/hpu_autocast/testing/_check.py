@@ -240,7 +240,9 @@ class Watch:
         self.policy = policy
         self.dtype = dtype
         self.device_type = device_type
-        self.ignore = frozenset(str(i) for i in ignore)
+        if isinstance(ignore, (str, Kind)):  # one why or kind, not its characters
+            ignore = (ignore,)
+        self.ignore = frozenset(str(getattr(i, "value", i)) for i in ignore)
         self.modules = _ModuleStack(roots, self._entered)
         self.mode: Optional[_mode.HpuAutocastMode] = None
         self._found: Dict[Deviation, int] = {}
