@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_map
 from _parity import VARIANTS
 from _samples import SAMPLES, build
 from _trace import compare, first_difference, trace
+import hpu_autocast
 from hpu_autocast import _core
 from hpu_autocast._ops import op_base_name, registered_for
 
@@ -111,9 +112,19 @@ def samples(name: str) -> List[Tuple[Callable, tuple, dict]]:
     return out
 
 
+#: Found by the oracle in the Python kernels alone (the C++ core matches native): where the two
+#: lower-precision inputs of an fp32 op are cast, the Python kernels cast ``_random_samples``
+#: (its second) twice, native casts it and then ``self``. Strict xfail under that engine: a fix shows.
+PYTHON_KERNELS_DIFFER = {"cpu-bfloat16-fractional_max_pool2d", "cpu-bfloat16-fractional_max_pool3d"}
+
+
 def _marked(case: str, values: tuple):
-    reason = f"issue 28: {case} awaits fp32_set_opt_dtype/fp32_append_dtype/composites not cast at entry"
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if case in AWAITS_CAST_POLICIES else []
+    marks = []
+    if case in AWAITS_CAST_POLICIES:
+        reason = f"issue 28: {case} awaits fp32_set_opt_dtype/fp32_append_dtype/composites not cast at entry"
+        marks.append(pytest.mark.xfail(strict=True, reason=reason))
+    if case in PYTHON_KERNELS_DIFFER and hpu_autocast.ENGINE == "python":
+        marks.append(pytest.mark.xfail(strict=True, reason=f"{case}: the Python kernels cast an input twice"))
     return pytest.param(*values, id=case, marks=marks)
 
 
