@@ -5,16 +5,28 @@ graph run on the GPU. Skipped without CUDA.
 The capture follows torch's "whole network capture" recipe (docs: CUDA semantics, CUDA Graphs):
 warm up on a side stream, static inputs, ``zero_grad(set_to_none=True)`` before capture, and
 autocast's cache off (``cache_enabled=False``), as torch recommends for autocast in a graph.
-The mode's Python runs once, at capture; a replay launches the recorded kernels only."""
+The mode's Python runs once, at capture; a replay launches the recorded kernels only.
+
+The real models of test_real_models.py (transformers, torchvision, timm; issue 28) take one
+training step under ``torch-cuda`` against ``torch.autocast("cuda")``, bit for bit, under whichever
+engine is active; native must first equal itself over two runs (cuDNN deterministic, cuBLAS's
+workspace fixed), else the model skips with what differed."""
 
 import copy
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from _real_models import ARCHS, pair
 from hpu_autocast import HpuAutocastMode
 from hpu_autocast import cast_nodes, trace
+from test_real_models import _assert_train_steps_equal, _differences, _train_step
+
+# cuBLAS picks its reduction order by workspace; a fixed one makes a GEMM deterministic. It is read
+# when cuBLAS starts, so it is set here, at collection, before any test runs a kernel.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -136,3 +148,28 @@ def test_trace_graph_runs_on_cuda(dtype):
     assert torch.equal(y, ref)
     compiled = torch.compile(gm, backend="aot_eager")
     assert torch.equal(compiled(x), ref)
+
+
+# --- real models ---------------------------------------------------------------------------------
+
+def _on_cuda(model: torch.nn.Module, inputs: dict):
+    return model.cuda(), {k: v.cuda() for k, v in inputs.items()}
+
+
+def _real_step(name: str, region):
+    """One training step of a fresh ``name`` on CUDA: forward and loss in ``region``, backward outside."""
+    model, _, inputs = pair(name)
+    return _train_step(*_on_cuda(model, inputs), region)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_real_model_training_step_matches_native_cuda(name, dtype):
+    if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bfloat16")
+    ref = _real_step(name, torch.autocast("cuda", dtype=dtype))
+    again = _real_step(name, torch.autocast("cuda", dtype=dtype))
+    unstable = _differences(again[0], ref[0]) + _differences(again[1], ref[1])
+    if unstable:
+        pytest.skip(f"native autocast differs from itself on this GPU: {unstable[0]}")
+    _assert_train_steps_equal(_real_step(name, HpuAutocastMode(dtype, policy=POLICY)), ref)

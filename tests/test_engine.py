@@ -36,7 +36,7 @@ def test_unlisted_and_inplace_defaults_cast_to_first_input():
     policy = dataclasses.replace(get_preset("hpu"), name="first", unlisted=CastPolicy.FIRST,
                                  inplace=CastPolicy.FIRST)
     a, b = torch.randn(3), torch.randn(3).bfloat16()
-    with HpuAutocastMode(policy=policy):
+    with HpuAutocastMode(policy=policy, device_type="cpu"):
         assert torch.maximum(b, a).dtype == torch.bfloat16  # first input bf16: a cast down
         assert torch.maximum(a, b).dtype == torch.float32  # first input f32: b cast up
         c = a.clone()
@@ -58,7 +58,7 @@ def test_cross_entropy_runs_wholly_in_fp32_under_hpu():
     # cross_entropy_loss is FP32 under hpu; its insides (log_softmax, LOWER) are left alone.
     x = torch.randn(4, 5, dtype=torch.bfloat16)
     t = torch.tensor([0, 1, 2, 3])
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         loss = F.cross_entropy(x, t)
     assert loss.dtype == torch.float32
     assert torch.equal(loss, F.cross_entropy(x.float(), t))

@@ -184,7 +184,7 @@ def test_op_runs_as_its_list_says(preset, name, kind, input_only):
 
 def test_hmp_unlisted_ops_run_in_the_first_inputs_dtype():
     a, b = torch.randn(3, dtype=torch.bfloat16), torch.randn(3)
-    with HpuAutocastMode(policy="hmp"):
+    with HpuAutocastMode(policy="hmp", device_type="cpu"):
         assert torch.equal(torch.maximum(a, b), torch.maximum(a, b.bfloat16()))
         assert torch.maximum(b, a).dtype == torch.float32
         assert torch.sigmoid(a).dtype == torch.bfloat16
@@ -192,7 +192,7 @@ def test_hmp_unlisted_ops_run_in_the_first_inputs_dtype():
 
 def test_hmp_promote_list_and_precedence():
     a, b = torch.randn(3, dtype=torch.bfloat16), torch.randn(3)
-    with HpuAutocastMode(policy="hmp"):
+    with HpuAutocastMode(policy="hmp", device_type="cpu"):
         assert torch.add(a, b).dtype == torch.float32  # widest
         assert torch.cat([a, b]).dtype == torch.float32
         assert torch.mul(b, b).dtype == torch.bfloat16  # BF16 list wins over the first input
@@ -202,19 +202,19 @@ def test_hmp_promote_list_and_precedence():
 def test_hmp_inplace_ops_cast_to_their_first_input():
     a, b = torch.randn(3), torch.randn(3, dtype=torch.bfloat16)
     ours, control = a.clone(), a.clone()
-    with HpuAutocastMode(policy="hmp"):
+    with HpuAutocastMode(policy="hmp", device_type="cpu"):
         ours.mul_(b)
     control.mul_(b.float())
     assert ours.dtype == torch.float32 and torch.equal(ours, control)
     low, high = b.clone(), torch.randn(3)
-    with HpuAutocastMode(policy="hmp"):
+    with HpuAutocastMode(policy="hmp", device_type="cpu"):
         low.sub_(high)
     assert torch.equal(low, b - high.bfloat16())
 
 
 def test_hmp_O2_runs_gemms_in_bf16_and_the_rest_in_fp32():
     x = torch.randn(2, 4, dtype=torch.bfloat16)
-    with HpuAutocastMode(policy="hmp-O2"):
+    with HpuAutocastMode(policy="hmp-O2", device_type="cpu"):
         assert torch.mm(x.float(), x.float().T).dtype == torch.bfloat16
         assert torch.relu(x).dtype == torch.float32
         assert torch.add(x, x).dtype == torch.float32
@@ -226,7 +226,7 @@ def test_torch_cuda_bans_binary_cross_entropy_by_name():
         with pytest.raises(RuntimeError, match="binary_cross_entropy_with_logits"):
             F.binary_cross_entropy(p, t)
         F.binary_cross_entropy_with_logits(p, t)  # the safe one runs
-    with HpuAutocastMode(policy="hpu"):  # on HPU's FP32 list, it runs
+    with HpuAutocastMode(policy="hpu", device_type="cpu"):  # on HPU's FP32 list, it runs
         assert F.binary_cross_entropy(p.bfloat16(), t).dtype == torch.float32
 
 

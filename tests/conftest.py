@@ -1,0 +1,26 @@
+"""Suite-wide pytest options.
+
+``--as-if-cuda`` runs the suite as if this machine had a GPU: the device type a region casts for
+when given none (``_devices.default_device_type``) resolves to ``cuda``, as it does where
+``torch.cuda.is_available()``. A test written for CPU tensors that leaves the region's
+``device_type`` to the default then casts nothing, as on a GPU machine; so this finds, without a
+GPU, the tests that must say ``device_type="cpu"`` (or follow the default device). Tensors are
+still made on CPU: a test that makes CUDA tensors skips here as it does without the option.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--as-if-cuda", action="store_true",
+                     help="resolve a region's default device type to cuda, as on a machine with a GPU")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--as-if-cuda"):
+        from hpu_autocast import _devices
+
+        # The one answer default_device_type() caches (asked once per process).
+        _devices._cuda = True
