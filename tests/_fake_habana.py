@@ -121,7 +121,7 @@ class _Graph:
             return forward(*a, **k)
 
         self.gm = make_fx(run)(*[leaves[i] for i in self.slots])
-        self.outputs = self._run(args, kwargs)
+        self.outputs = self._run([leaves[i] for i in self.slots])
 
     def _rebuild(self, tensors):
         leaves = list(self.leaves)
@@ -129,14 +129,20 @@ class _Graph:
             leaves[i] = t
         return pytree.tree_unflatten(leaves, self.spec)
 
-    def _run(self, args: tuple, kwargs: dict):
-        leaves = pytree.tree_leaves((args, kwargs))
-        tensors = [leaves[i].to(dtype) for i, dtype in zip(self.slots, self.dtypes)]
+    def _run(self, tensors: list):
         with torch.no_grad(), torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
             return self.gm(*tensors)
 
     def replay(self, args: tuple, kwargs: dict):
-        fresh = self._run(args, kwargs)
+        """The bridge's replay: the call's tensors are copied into the capture's own (its static
+        inputs, the tensors the capture ran on, which keep their dtypes), the captured graph runs
+        on those, and its results are written into the capture's outputs, which are returned."""
+        leaves = pytree.tree_leaves((args, kwargs))
+        with torch.no_grad():
+            for i in self.slots:
+                if self.leaves[i] is not leaves[i]:
+                    self.leaves[i].copy_(leaves[i])
+        fresh = self._run([self.leaves[i] for i in self.slots])
         with torch.no_grad():
             for static, new in zip(pytree.tree_leaves(self.outputs), pytree.tree_leaves(fresh)):
                 if isinstance(static, torch.Tensor):
@@ -194,8 +200,9 @@ def _register_autocast_hpu() -> None:
 # -- install ---------------------------------------------------------------------------------
 
 def install(monkeypatch, *, available: bool = True, lazy: bool = True,
-            with_is_lazy: bool = True) -> Bridge:
+            with_is_lazy: bool = True, device_name: str = "GAUDI") -> Bridge:
     bridge = Bridge(available, lazy)
+    bridge.device_name = device_name
     _register_autocast_hpu()
 
     root, ht = _module("habana_frameworks"), _module("habana_frameworks.torch")
@@ -236,8 +243,10 @@ def install(monkeypatch, *, available: bool = True, lazy: bool = True,
 
     core.mark_step = mark_step
     hpu.is_available = lambda: bridge.available
+    hpu.get_device_name = lambda device=None: bridge.device_name if bridge.available else ""
     hpu.is_autocast_hpu_enabled = is_autocast_hpu_enabled
-    hpu.wrap_in_hpu_graph = wrap_in_hpu_graph
+    if lazy:  # bridge 1.19 exports the HPU graph API in lazy mode only
+        hpu.wrap_in_hpu_graph = wrap_in_hpu_graph
     root.torch, ht.core, ht.hpu = ht, core, hpu
     modules = {m.__name__: m for m in (root, ht, core, hpu)}
     if with_is_lazy:
