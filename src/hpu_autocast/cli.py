@@ -1,7 +1,8 @@
 """The ``hpu-autocast`` / ``python -m hpu_autocast`` command line.
 
     policy --preset NAME [--lower-list F] [--fp32-list F] [--format table|json|markdown]
-    check FILE...            validate op list files (exit status 1 and the bad names listed)
+    check [--gaudi] FILE...  validate op list files (exit status 1 and the bad names listed);
+                             --gaudi: as Gaudi's bridge reads PT_HPU_AUTOCAST_*_OPS_LIST files
     diff PRESET PRESET       where two presets disagree
     report [flags] SCRIPT.py [args]   run a script under the mode, print the precision report
     tune [flags] SCRIPT.py [args]     tune a policy for the script's tune_target() (docs/tuning.md)
@@ -19,7 +20,7 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from . import _report_cli, _tune_cli
-from .builder import policy_from_files, read_list
+from .builder import check_findings, policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
 from .names import PolicyError, resolve
@@ -103,7 +104,23 @@ def _cmd_policy(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _check_as_gaudi(files: Sequence[str]) -> int:
+    """``check --gaudi``: what Gaudi's bridge would do with each file, every finding an error
+    (builder's Note: list files as Gaudi's bridge reads them)."""
+    bad = 0
+    for path in files:
+        findings = check_findings(path)
+        for finding in findings:
+            print(f"error: {finding}")
+        bad += len(findings)
+        if not findings:
+            print(f"{path}: read by Gaudi's bridge as written")
+    return 1 if bad else 0
+
+
 def _cmd_check(ns: argparse.Namespace) -> int:
+    if ns.gaudi:
+        return _check_as_gaudi(ns.files)
     bad = 0
     for path in ns.files:
         try:
@@ -183,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="validate op list files")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--gaudi", action="store_true",
+                   help="report everything Gaudi's bridge would drop, refuse or ignore in these "
+                        "PT_HPU_AUTOCAST_*_OPS_LIST files (docs/hpu.md)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("diff", help="show where two presets disagree")
