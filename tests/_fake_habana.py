@@ -446,6 +446,7 @@ def install(monkeypatch, *, available: bool = True, lazy: bool = True,
     hpu.current_device = lambda: 0
     if lazy:  # bridge 1.19 exports the HPU graph API in lazy mode only
         hpu.wrap_in_hpu_graph = wrap_in_hpu_graph
+    ht.__version__ = "0.0+stand-in"
     root.torch, ht.core, ht.hpu = ht, core, hpu
     modules = {m.__name__: m for m in (root, ht, core, hpu)}
     for m in modules.values():

@@ -9,6 +9,7 @@
     docs                     the reference of every preset (docs/policies.md)
     info                     versions, and which engine runs the kernels (C++ core or Python)
     build-core [--verbose]   build the C++ core for the installed torch (once; cached per torch)
+    gaudi-check [flags]      HPU tests and benchmarks on this machine, as a block for an issue
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from . import _report_cli, _tune_cli
+from . import _gaudi_check, _report_cli, _tune_cli
 from .builder import check_findings, policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _report_cli.add_parser(sub)
     _tune_cli.add_parser(sub)
+    _gaudi_check.add_parser(sub)
     return parser
 
 
