@@ -310,7 +310,10 @@ _backend_registered = False
 def _propagated_dtypes(gm: torch.fx.GraphModule, example_inputs) -> Dict[str, torch.dtype]:
     """The bridge's tensor-info propagation pass: the graph runs on fake tensors with autocast
     off for ``hpu`` and ``cpu`` ("autocasting has been already done and all dtypes has been
-    already deduced"); ``{node name: dtype}`` of its tensor results."""
+    already deduced"); ``{node name: dtype}`` of its tensor results. (AOTAutograd also calls
+    the compilers, and runs their graphs, with every autocast key excluded while any is on,
+    ``torch._C._DisableAutocast``, the engine's borrowed keys included: torch 2.13 does here
+    what the bridge's pass makes sure of.)"""
     from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
 
