@@ -26,8 +26,6 @@ models below use neither. Batch norm's composite asks for the device guard after
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from typing import Callable, Dict, List
 
 import pytest
