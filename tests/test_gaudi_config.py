@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, get_preset, policy_from_gaudi_config
-from hpu_autocast.builder import ENV_FP32, ENV_LOWER, policy_from_env, policy_from_files
+from hpu_autocast.builder import ENV_FP32, ENV_LOWER, policy_from_bridge_files, policy_from_env, policy_from_files
 
 # optimum-habana's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS (BERT's lists), the lists its docs and
 # examples' gaudi_config.json files carry.
@@ -77,8 +77,12 @@ def test_a_config_is_the_policy_optimum_habanas_list_files_give(tmp_path, monkey
     assert _quietly(policy_from_gaudi_config, config) == direct  # the dict, as the file
     lower, fp32_file = _declare(tmp_path, config, monkeypatch)
     assert _quietly(policy_from_files, "hpu", lower=lower, fp32=fp32_file) == direct
-    assert _quietly(policy_from_env) == direct
-    assert _quietly(HpuAutocastMode).policy == direct  # what a mode of the default policy runs
+    # Gaudi reads the files optimum-habana writes with ATen function names only; the aten
+    # spellings are dropped there (builder's Note: list files as Gaudi's bridge reads them).
+    on_gaudi = _quietly(policy_from_bridge_files, "hpu", lower=lower, fp32=fp32_file)
+    assert _quietly(policy_from_env) == on_gaudi
+    assert _quietly(HpuAutocastMode).policy == on_gaudi  # what a mode of the default policy runs
+    assert (on_gaudi == direct) == all(re.fullmatch(r"\w+", n) for n in bf16 + fp32)
     assert direct != get_preset("hpu") and direct.name == "hpu+lists"
     # Gaudi ignores iadd and truediv (Python names); the direct route warns about them too.
     ignored = sorted({n for n in bf16 + fp32 if n in ("iadd", "truediv")})

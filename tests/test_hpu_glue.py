@@ -127,9 +127,10 @@ def test_cache_is_on_off_hpu_for_contrast(no_gaudi):
 
 @pytest.mark.parametrize("policy", ["hpu", "torch-cpu"])
 def test_float16_refused_on_hpu_naming_the_accepted_dtype(gaudi, policy):
-    # "hpu" refuses float16 by its own dtypes; "torch-cpu" would accept it elsewhere, but not for
-    # a region that casts HPU tensors.
-    with pytest.raises(ValueError, match=r"float16.*bfloat16"):
+    # The stand-in is a first-generation Gaudi unless told otherwise: no float16 there, under
+    # any policy, for a region that casts HPU tensors.
+    assert torch.hpu.get_device_name() == "GAUDI"
+    with pytest.raises(ValueError, match=r"float16 is not supported on a first-generation Gaudi.*bfloat16"):
         HpuAutocastMode(torch.float16, policy=policy, device_type="hpu")
     HpuAutocastMode(torch.bfloat16, policy=policy, device_type="hpu")
     HpuAutocastMode(torch.float16, policy=policy, enabled=False)  # a disabled region checks nothing
@@ -145,18 +146,39 @@ def test_a_cpu_region_may_use_float16_with_the_bridge_loaded(gaudi):
     assert mode.device_type == "cpu" and out.dtype == torch.float16
     with torch.autocast("cpu", dtype=torch.float16):
         assert torch.equal(out, torch.mm(a, b))
-    # The hpu preset refuses float16 on every device, by its own dtypes (seed 000), not the bridge.
-    with pytest.raises(ValueError, match="float16"):
-        HpuAutocastMode(torch.float16, **ON_CPU)
+    # The hpu preset casts CPU tensors to float16 on a first-generation Gaudi too: the refusal is
+    # the HPU device's, not the preset's.
+    with HpuAutocastMode(torch.float16, **ON_CPU):
+        assert torch.mm(a, b).dtype == torch.float16
+
+
+@pytest.mark.parametrize("generation", ["GAUDI2", "GAUDI3"])
+@pytest.mark.parametrize("policy", ["hpu", "hmp"])
+def test_float16_is_accepted_on_gaudi_2_and_later(monkeypatch, generation, policy):
+    # The bridge takes the region's dtype from get_autocast_dtype("hpu"); Gaudi 2 and later run
+    # float16 (the bridge's tests add torch.half where not is_gaudi1()). Was: refused everywhere.
+    _fake_habana.install(monkeypatch, device_name=generation)
+    mode = HpuAutocastMode(torch.float16, policy=policy, device_type="hpu")
+    assert mode.dtype == torch.float16 and mode.cache_enabled is False
 
 
 def test_the_device_rules_hold_without_the_bridge(no_gaudi):
-    # A region that names the HPU refuses float16 and does not cache, bridge or not: the rules
-    # are the device's.
-    with pytest.raises(ValueError, match=r"float16 is not supported on HPU"):
-        HpuAutocastMode(torch.float16, policy="torch-cpu", device_type="hpu")
+    # Off Gaudi, a region that names the HPU takes float16 (there is no first-generation Gaudi to
+    # refuse it) and does not cache: the rules are the device's. Was: float16 refused.
+    for policy in ("hpu", "hmp", "hmp-O2", "torch-cpu"):
+        assert HpuAutocastMode(torch.float16, policy=policy, device_type="hpu").dtype == torch.float16
     assert HpuAutocastMode(policy="torch-cpu", device_type="hpu").cache_enabled is False
     assert HpuAutocastMode(torch.float16, policy="torch-cpu").cache_enabled is True
+
+
+@pytest.mark.parametrize("policy", ["hpu", "hmp"])
+def test_float16_under_a_gaudi_preset_off_gaudi_casts_as_the_lists_say(no_gaudi, policy):
+    # Held-back case: float16 under hpu off Gaudi. The lists are dtype-blind: mm lower (float16),
+    # log FP32 in both presets' lists; control: the hand-cast call.
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with HpuAutocastMode(torch.float16, policy=policy, device_type="cpu"):
+        mm, log = torch.mm(a, b), torch.log(a.abs().half())
+    assert torch.equal(mm, torch.mm(a.half(), b.half())) and log.dtype == torch.float32
 
 
 # -- lazy mode: mark_step, no host synchronisation -------------------------------------------
@@ -297,21 +319,44 @@ def run(module, region, x):
 
 def test_the_stand_in_replays_without_running_python(gaudi):
     # What makes the stand-in realistic: the module's forward runs once, at capture; a replay
-    # runs the captured ATen graph, and the same output tensor comes back, overwritten.
+    # copies the call's inputs into the captured ones (the bridge's copy_to: the tensors of the
+    # capturing call, which a replay overwrites), runs the captured ATen graph, and the same
+    # output tensor comes back, overwritten.
     calls = []
     model = mlp().eval()
     forward = model.forward
     model.forward = lambda x: (calls.append(x.shape), forward(x))[1]
     wrapped = hpu.wrap_in_hpu_graph(model)
     x, _ = data()
+    x2 = x * 2
     with torch.no_grad():
         first = wrapped(x)
         ref = first.clone()
-        second = wrapped(x * 2)
+        second = wrapped(x2)
     assert calls == [x.shape] and second is first and not torch.equal(second, ref)
+    assert torch.equal(x, x2)  # the capture's input now holds the replay's
     with torch.no_grad():
-        assert torch.equal(second, forward(x * 2))
+        assert torch.equal(second, forward(x2))
     assert gaudi.names() == ["wrap", "capture", "replay"]
+
+
+def test_in_eager_mode_the_module_runs_without_graphs_with_one_warning(monkeypatch):
+    # Held-back case: bridge 1.19 exports wrap_in_hpu_graph in lazy mode only. Was: an
+    # AttributeError from the glue. Now the module runs as it is, each call with its region's
+    # casts (control: the unwrapped module in the same region), after one warning.
+    bridge = _fake_habana.install(monkeypatch, lazy=False)
+    assert not hasattr(torch.hpu, "wrap_in_hpu_graph")
+    plain = torch.nn.Sequential(torch.nn.LayerNorm(8), mlp()).eval()
+    model = copy.deepcopy(plain)
+    with pytest.warns(RuntimeWarning, match=r"no wrap_in_hpu_graph in eager mode.*PT_HPU_LAZY_MODE=1"):
+        wrapped = hpu.wrap_in_hpu_graph(model)
+    assert wrapped is model
+    x, _ = data()
+    for region in (HpuAutocastMode(torch.bfloat16, **ON_CPU), contextlib.nullcontext()):
+        with torch.no_grad(), region:
+            assert torch.equal(wrapped(x), plain(x))
+    wrapped.clear_cache()  # code written for graphs keeps working
+    assert bridge.names() == []
 
 
 @pytest.mark.parametrize("later", [r for r in REGIONS if r != "hpu bf16"])
@@ -397,6 +442,8 @@ _RAISING = 'raise ImportError("stand-in: habana_frameworks must not be imported"
 def test_installed_but_not_loaded_is_not_imported_by_the_mode(tmp_path, monkeypatch):
     # A findable habana_frameworks that fails if imported: the mode, mark_step and lazy_mode
     # must not touch it; default_device, which asks for it, warns and falls back.
+    if "habana_frameworks" in sys.modules:
+        pytest.skip("a habana_frameworks is loaded in this process (gaudi-check loads the bridge first)")
     (tmp_path / "habana_frameworks").mkdir()
     (tmp_path / "habana_frameworks" / "__init__.py").write_text(_RAISING)
     monkeypatch.syspath_prepend(str(tmp_path))

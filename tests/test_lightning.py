@@ -12,6 +12,7 @@ tested in ``tests/test_public_api.py``, which runs without Lightning.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import re
@@ -27,7 +28,7 @@ from pytorch_lightning.plugins.precision import MixedPrecision  # noqa: E402
 from pytorch_lightning.utilities.exceptions import MisconfigurationException  # noqa: E402
 
 import hpu_autocast  # noqa: E402
-from hpu_autocast import PolicyError, Recorder  # noqa: E402
+from hpu_autocast import PolicyError, Recorder, get_preset  # noqa: E402
 from hpu_autocast.integrations.lightning import HpuAutocastFabricPrecision, HpuAutocastPrecision  # noqa: E402
 
 # Lightning 2.6 builds torch.utils._pytree.LeafSpec, which torch 2.13 deprecates: noise from
@@ -201,9 +202,12 @@ def test_training_under_the_hpu_preset():
 
 def test_hpu_preset_reads_gaudis_list_variables_per_step(tmp_path, monkeypatch):
     # Under the default preset each step's region reads PT_HPU_AUTOCAST_*: with linear moved to
-    # the FP32 list, the steps' outputs are float32.
+    # the FP32 list, the steps' outputs are float32. (Both files: as on Gaudi, the lower list
+    # is tried first, so an FP32 file alone leaves linear, default lower, in bfloat16.)
     (tmp_path / "fp32.txt").write_text("linear\n")
+    (tmp_path / "lower.txt").write_text("mm\n")
     monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", str(tmp_path / "fp32.txt"))
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", str(tmp_path / "lower.txt"))
     pl.seed_everything(0, verbose=False)
     model = Classifier()
     _trainer(plugins=[HpuAutocastPrecision()]).fit(model, _loader(), _loader(seed=2))
@@ -257,8 +261,8 @@ def test_bad_settings_are_refused_at_once():
     for bad in ("32-true", "bf16-true", 32, True):
         with pytest.raises(ValueError, match=f"got {bad!r}"):
             HpuAutocastPrecision(bad)
-    with pytest.raises(ValueError, match="bfloat16"):  # the hpu preset is bfloat16 only
-        HpuAutocastPrecision(torch.float16, policy="hpu")
+    with pytest.raises(ValueError, match="bfloat16"):  # a bfloat16-only policy refuses float16
+        HpuAutocastPrecision(torch.float16, policy=dataclasses.replace(get_preset("hpu"), dtypes=(torch.bfloat16,)))
     with pytest.raises((PolicyError, KeyError, ValueError), match="no-such-preset"):
         HpuAutocastPrecision(policy="no-such-preset")
     with pytest.raises(MisconfigurationException, match="does not use a scaler"):
@@ -277,7 +281,7 @@ def test_on_gaudi_the_region_is_for_hpu_tensors_and_bfloat16_only(monkeypatch):
     mode = plugin.autocast_context_manager()
     assert plugin.device == mode.device_type == "hpu" and plugin.scaler is None
     assert mode.cache_enabled is False and mode is not plugin.autocast_context_manager()  # one per step
-    with pytest.raises(ValueError, match="dtype=float16 is not supported on HPU"):
+    with pytest.raises(ValueError, match="dtype=float16 is not supported on a first-generation Gaudi"):
         HpuAutocastPrecision(torch.float16, policy="torch-cpu", device_type="hpu")
     # The device's rules follow the region's device: a torch-cpu region casts CPU tensors.
     assert HpuAutocastPrecision(torch.float16, policy="torch-cpu").device == "cpu"

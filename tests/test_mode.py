@@ -3,6 +3,7 @@ the cast cache, and the state queries."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 
@@ -296,21 +297,30 @@ def test_cache_defaults_on_without_hpu_and_is_off_on_hpu(monkeypatch):
     import types
 
     assert HpuAutocastMode().cache_enabled is True  # no Gaudi bridge loaded here
-    # Seed 000: "autocast caching is permanently disabled on HPU", even when asked for; and
-    # float16 is not supported there, whatever the policy. "There" is the region's device: the
-    # hpu preset's default once the bridge is loaded, or named; a CPU region keeps the CPU's rules.
+    # Seed 000: "autocast caching is permanently disabled on HPU", even when asked for; and on a
+    # first-generation Gaudi float16 is not supported there, whatever the policy (Gaudi 2 and
+    # later take it: docs/hpu.md). "There" is the region's device: the hpu preset's default once
+    # the bridge is loaded, or named; a CPU region keeps the CPU's rules.
     monkeypatch.setitem(sys.modules, "habana_frameworks.torch", types.ModuleType("habana_frameworks.torch"))
+    bridge_hpu = types.ModuleType("habana_frameworks.torch.hpu")
+    bridge_hpu.is_available, bridge_hpu.get_device_name = (lambda: True), (lambda device=None: "GAUDI")
+    monkeypatch.setitem(sys.modules, "habana_frameworks.torch.hpu", bridge_hpu)
     assert HpuAutocastMode().cache_enabled is False
     assert HpuAutocastMode(policy="torch-cpu", device_type="hpu", cache_enabled=True).cache_enabled is False
-    with pytest.raises(ValueError, match="float16"):
+    with pytest.raises(ValueError, match="float16 is not supported on a first-generation Gaudi"):
         HpuAutocastMode(torch.float16, policy="torch-cpu", device_type="hpu")
     assert HpuAutocastMode(torch.float16, policy="torch-cpu").cache_enabled is True
+    bridge_hpu.get_device_name = lambda device=None: "GAUDI2"
+    assert HpuAutocastMode(torch.float16, policy="torch-cpu", device_type="hpu").cache_enabled is False
 
 
-def test_float16_refused_by_the_hpu_policy_naming_it():
+def test_float16_refused_by_a_bfloat16_only_policy_naming_it():
+    # The hpu preset takes float16 off Gaudi (issue 29); a policy of bfloat16 alone refuses it.
+    assert HpuAutocastMode(torch.float16).policy.name == "hpu"
+    bf16_only = dataclasses.replace(get_preset("hpu"), dtypes=(torch.bfloat16,))
     with pytest.raises(ValueError, match=r"float16.*accepted: bfloat16"):
-        HpuAutocastMode(torch.float16)
-    HpuAutocastMode(torch.float16, enabled=False)  # a disabled region checks nothing
+        HpuAutocastMode(torch.float16, policy=bf16_only)
+    HpuAutocastMode(torch.float16, policy=bf16_only, enabled=False)  # a disabled region checks nothing
 
 
 def test_verbose_logs_through_the_hpu_autocast_logger(caplog):

@@ -119,7 +119,44 @@ def _as_gaudi_applies(name: str, ops: List[OpOverload]) -> Tuple[List[OpOverload
     if is_python_name(name):
         return [], _PYTHON_NAME
     ops = [op for op in ops if not (_ops.is_inplace(op) or _ops.is_out(op))]
-    return ops, None if ops else _NOT_FUNCTIONAL
+    if not ops:
+        return ops, _NOT_FUNCTIONAL
+    why = never_registered(_ops.op_base_name(ops[0]))
+    return ([], why) if why else (ops, None)
+
+
+# [Note: the names Gaudi's bridge never registers]
+# gen_op.py's generate_autocast_ops (gaudi-pytorch-bridge, scripts/gen_op.py) writes one
+# Hpu_KERNEL registration per ATen function, skipping a function whose C++ name ends in "_out"
+# or "_", or contains "_.", "cuda", "cudn" or "backward", an op of its AUTOCAST_BLOCKLIST
+# (constants.py), and an op whose native_functions.yaml variants lack "function" (method-only).
+# Hpu_KERNEL then casts a function only if its name is on a list; a list name of a skipped
+# function therefore has no effect on Gaudi (gelu_backward on the lower list casts nothing).
+_SKIPPED_PARTS = ("_.", "cuda", "cudn", "backward")
+#: AUTOCAST_BLOCKLIST's functions (its sym_size.int and sym_stride.int by C++ name).
+AUTOCAST_BLOCKLIST = frozenset({
+    "_cummax_helper", "_cummin_helper", "fused_moving_avg_obs_fake_quant", "_fused_moving_avg_obs_fq_helper",
+    "_native_batch_norm_legit", "sym_size", "sym_numel", "sym_stride", "sym_storage_offset",
+    "_scaled_dot_product_flash_attention", "_efficient_attention_forward", "_batch_norm_with_update",
+    "_scaled_dot_product_fused_attention_overrideable"})
+#: Where torch exposes ATen's function variants (a name in none of them is a method-only op).
+_FUNCTION_NAMESPACES = ("_VariableFunctions", "_nn", "_linalg", "_special", "_fft", "_nested", "_sparse")
+
+
+def never_registered(function: str) -> Optional[str]:
+    """Why Gaudi's bridge registers no autocast kernel for the ATen function ``function`` (its
+    C++ name), or ``None`` when it registers one (Note: the names Gaudi's bridge never registers)."""
+    if function.endswith(("_out", "_")):
+        return "Gaudi's bridge registers no autocast kernel for an in-place or out= function (a name ending in _ or _out)"
+    part = next((p for p in _SKIPPED_PARTS if p in function), None)
+    if part is not None:
+        return f"Gaudi's bridge registers no autocast kernel for a function whose name contains {part!r}"
+    if function in AUTOCAST_BLOCKLIST:
+        return "Gaudi's bridge registers no autocast kernel for it (gen_op.py's AUTOCAST_BLOCKLIST)"
+    if hasattr(torch._C.TensorBase, function) and not any(
+            hasattr(getattr(torch._C, ns, None), function) for ns in _FUNCTION_NAMESPACES):
+        return "a Tensor method with no function variant, for which Gaudi's bridge registers no autocast kernel"
+    return None
 
 
 def _cpp_hint(name: str, why: str) -> str:
@@ -139,8 +176,9 @@ _warned: set = set()
 def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool) -> Tuple[Tuple[str, str, str], ...]:
     """``Policy.ignored`` of a build; with ``warn``, a warning for each name not warned about yet."""
     for name, source, list_name, why in skipped.ignored:
-        if warn and name not in _warned:
-            _warned.add(name)
+        key = (name, source[0] if source else None)  # once per name and file
+        if warn and key not in _warned:
+            _warned.add(key)
             warnings.warn(f"{describe(name, source)} on the {list_name} list has no effect under policy "
                           f"{policy_name!r}, as on Gaudi: {why}{_cpp_hint(name, why)}", UserWarning, stacklevel=3)
     return tuple((name, list_name, why) for name, _, list_name, why in skipped.ignored)
@@ -252,7 +290,8 @@ def build_policy(
 
 
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
-               promote: Optional[Iterable] = None, name: Optional[str] = None) -> Policy:
+               promote: Optional[Iterable] = None, name: Optional[str] = None,
+               lower_first: bool = False) -> Policy:
     """A new policy whose lower, FP32 and/or promote lists are replaced by these names.
 
     Each list holds op names or ``(name, (file, line))`` entries, every one of which must
@@ -260,6 +299,10 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     a given FP32 list is an error naming both entries; an op a given list names leaves the
     kept default list of the other kind. A policy with ``c_names_only`` (``hpu``) applies the
     given names as Gaudi's bridge does, and warns once about each it does not apply.
+
+    ``lower_first`` is Gaudi's list-file rule instead (``builder.policy_from_bridge_files``): an op
+    on the lower list, given or kept, is lower precision whatever the FP32 list says, as the
+    bridge's ``Hpu_KERNEL`` tries the lower list, then FP32, then promote; nothing conflicts.
     """
     rules = _Rules(c_names_only=policy.c_names_only)
     skipped = _Skipped()
@@ -277,7 +320,9 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     else:
         pro = {**kept(CastPolicy.PROMOTE, CastPolicy.FIRST), **{op: (str(op), None) for op in policy.promoted}}
     # A user's list wins over a kept default list; two user lists naming one op conflict.
-    if lower is not None and fp32 is None:
+    if lower_first:
+        f32 = {op: e for op, e in f32.items() if op not in low}
+    elif lower is not None and fp32 is None:
         f32 = {op: e for op, e in f32.items() if op not in low}
     elif fp32 is not None and lower is None:
         low = {op: e for op, e in low.items() if op not in f32}

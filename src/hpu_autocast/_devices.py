@@ -3,9 +3,10 @@
 A region casts the tensors of one device type (``torch.autocast``'s first argument). For each
 device this module says whether a region may name it, how a tensor is asked whether it is on it,
 whether torch has a native autocast there (and its dispatch key), the device's own rules (HPU:
-no float16, no cast cache), whether its norms take parameters of another dtype than the input,
-and which device a region defaults to. Adding a device is a row in the tables below (and, for a
-device with a dispatch key of its own, ``_dispatch``'s candidates).
+no float16 on a first-generation Gaudi, no cast cache), whether its norms take parameters of
+another dtype than the input, and which device a region defaults to. Adding a device is a row
+in the tables below (and, for a device with a dispatch key of its own, ``_dispatch``'s
+candidates).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from . import _torch
 
 __all__ = ["REGION_DEVICE_TYPES", "NATIVE_AUTOCAST_DEVICES", "NATIVE_AUTOCAST_HERE", "MIXED_PARAMS_DEVICES", "tensor_on",
-           "native_autocast_keys", "check_dtype", "default_cache_enabled", "default_device_type"]
+           "native_autocast_keys", "check_dtype", "hpu_device_name", "default_cache_enabled", "default_device_type"]
 
 #: The device types a region may cast for (``torch.autocast``'s, and ``meta`` for shape work).
 REGION_DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia", "meta")
@@ -62,12 +63,32 @@ def native_autocast_keys() -> Tuple[object, ...]:
     return tuple(k for k in map(_torch.dispatch_key, _NATIVE_AUTOCAST_KEYS) if k is not None)
 
 
+#: What ``habana_frameworks.torch.hpu.get_device_name()`` returns on a first-generation Gaudi
+#: (the bridge's own tests: ``is_gaudi1()`` is ``get_device_name() == "GAUDI"``; Gaudi 2 and 3
+#: are ``"GAUDI2"`` and ``"GAUDI3"``).
+FIRST_GAUDI = "GAUDI"
+
+
+def hpu_device_name() -> Optional[str]:
+    """The Gaudi generation this process runs on, as the loaded bridge names it
+    (``"GAUDI"``, ``"GAUDI2"``, ...); ``None`` without a loaded bridge or an available device.
+    Never imports the bridge."""
+    bridge = sys.modules.get("habana_frameworks.torch.hpu")
+    if bridge is None or not getattr(bridge, "is_available", lambda: False)():
+        return None
+    name = getattr(bridge, "get_device_name", None)
+    return name() if name is not None else None
+
+
 def check_dtype(dtype: torch.dtype, device_type: str) -> None:
-    """A region casting ``device_type`` tensors to ``dtype``: on HPU, float16 is not supported
-    (seed 000). The rule is the device's, not the process's: a CPU region in a process that
-    loaded Gaudi's bridge casts CPU tensors and may use float16."""
-    if device_type == "hpu" and dtype == torch.float16:
-        raise ValueError("dtype=float16 is not supported on HPU (device_type='hpu'); use dtype=torch.bfloat16")
+    """A region casting ``device_type`` tensors to ``dtype``: on a first-generation Gaudi, float16
+    is not supported. Off Gaudi (no bridge loaded) and on Gaudi 2 and later it is (docs/hpu.md,
+    "float16": seed 000 says it is not; the bridge and Gaudi 2 say otherwise). The rule is the
+    device's, not the process's: a CPU region in a process that loaded Gaudi's bridge casts CPU
+    tensors and may use float16 on any Gaudi."""
+    if device_type == "hpu" and dtype == torch.float16 and hpu_device_name() == FIRST_GAUDI:
+        raise ValueError(f"dtype=float16 is not supported on a first-generation Gaudi (torch.hpu.get_device_name() "
+                         f"is {FIRST_GAUDI!r}); use dtype=torch.bfloat16 there (Gaudi 2 and later take float16)")
 
 
 def default_cache_enabled(device_type: str) -> bool:

@@ -27,17 +27,20 @@ variables; ``policy_from_gaudi_config`` reads the configuration itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ._build import Entry, build_policy, check_no_conflict, with_lists
-from .names import PolicyError
+from . import _ops
+from ._build import Entry, build_policy, check_no_conflict, never_registered, with_lists
+from .names import PolicyError, resolve
 from .policy import Policy
 from .presets import get_preset
 
-__all__ = ["build_policy", "with_lists", "read_list", "policy_from_files", "policy_from_env",
+__all__ = ["build_policy", "with_lists", "read_list", "policy_from_files", "policy_from_bridge_files",
+           "bridge_findings", "check_findings", "Finding", "policy_from_env",
            "policy_from_gaudi_config", "as_policy", "check_no_conflict", "ENV_LOWER", "ENV_FP32"]
 
 ENV_LOWER = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
@@ -100,6 +103,163 @@ def read_list(path: PathLike) -> List[Entry]:
         if name:
             entries.append((name, (path, number)))
     return entries
+
+
+# --- list files as Gaudi's bridge reads them -------------------------------------------------------
+
+# [Note: list files as Gaudi's bridge reads them]
+# Gaudi's bridge (gaudi-pytorch-bridge, hpu_ops/autocast_helpers.h and, newest,
+# hpu_ops/backend/autocast_helpers.cpp's load_ops_list) loads each of its two variables on its own:
+# a variable that is unset, or whose file is missing, a directory, or under a system folder
+# (validate_ops_list_path: /bin /etc /usr /var /boot /dev /lib /lost+found /proc /run /sbin /srv
+# /sys /root, after resolving links), leaves that list at its default, with a warning. A file's
+# lines are read whole (getline: no trimming, no comments) and each is kept only if it is the
+# name of an ATen operator ("Discarded unregistered op at line: N" otherwise). Hpu_KERNEL then
+# tries the lower list, then FP32, then promote, so an FP32 file alone keeps the default lower
+# list (mm, listed in it, stays lower), and an op on both lists is lower precision. Here the
+# variables are read so (policy_from_bridge_files): whatever Gaudi drops or ignores is dropped
+# or ignored, with one warning per file and name saying what Gaudi does with it; `hpu-autocast
+# check --gaudi` reports the same findings as errors. Blank and "#" lines, which Gaudi discards
+# too, are skipped quietly (Gaudi's discarding them changes nothing).
+
+#: Top-level folders under which the bridge refuses a list file (validate_ops_list_path).
+SYSTEM_FOLDERS = ("/bin", "/etc", "/usr", "/var", "/boot", "/dev", "/lib", "/lost+found", "/proc", "/run",
+                  "/sbin", "/srv", "/sys", "/root")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One thing Gaudi's bridge does with a list file other than what its text says: the file
+    (``line`` ``None``: the whole file is refused) or one line, with what Gaudi does with it."""
+
+    path: str
+    line: Optional[int]
+    name: str
+    what: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}, line {self.line}" if self.line is not None else self.path
+        return f"{where}: {self.what}"
+
+
+def _path_problem(path: str) -> Optional[str]:
+    """Why the bridge would refuse to read ``path`` (then it keeps the default list), or None."""
+    if not os.path.exists(path):
+        return "does not exist"
+    if os.path.isdir(path):
+        return "is a directory"
+    parts = os.path.realpath(path).split(os.sep)
+    top = os.sep + parts[1] if len(parts) > 1 else os.sep
+    if top in SYSTEM_FOLDERS:
+        return f"is under the system folder {top}, where Gaudi's bridge reads no list file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read"
+    return None
+
+
+def _line_problem(raw: str, name: str) -> Optional[str]:
+    """Why Gaudi's bridge, which compares whole lines, would not match ``raw`` although this
+    package reads ``name`` from it; None when the line is the name."""
+    if raw == name:
+        return None
+    if raw.endswith("\r"):
+        return ("the line ends in a carriage return (a Windows line end), which Gaudi's bridge keeps as "
+                "part of the name, so it matches no op; save the file with Unix line ends")
+    if raw.startswith("\ufeff"):
+        return "the file starts with a byte-order mark, which Gaudi's bridge reads as part of the first name"
+    if "#" in raw:
+        return "Gaudi's bridge reads comments as part of the name; put the comment on a line of its own"
+    return "Gaudi's bridge keeps the spaces around the name, so it matches no op"
+
+
+def _unregistered(name: str) -> Optional[str]:
+    """Why ``name`` is no ATen operator name to the bridge (its list keeps only those), or None."""
+    try:
+        ops = resolve(name)
+    except PolicyError as e:
+        hint = f" ({e})"
+    else:
+        if "." not in name and ":" not in name and _ops.find_packet("aten", name) is not None:
+            return None
+        base = sorted({_ops.op_base_name(op) for op in ops})
+        hint = f"; Gaudi's list files take ATen function names only: write {' or '.join(base)}"
+    return f"not an ATen op name, and Gaudi's bridge keeps only those (\"Discarded unregistered op at line\"){hint}"
+
+
+def bridge_findings(path: PathLike) -> Tuple[Optional[List[Entry]], List[Finding]]:
+    """``(entries, findings)`` of a list file read as Gaudi's bridge reads it (Note: list files as
+    Gaudi's bridge reads them): ``entries`` the names Gaudi keeps, each with ``(file, line)``, or
+    ``None`` when Gaudi refuses the file and keeps the default list; ``findings`` what Gaudi
+    does otherwise than the text says. Names Gaudi keeps but never registers a kernel for (an
+    in-place name, gelu_backward) are among the entries; the hpu policy ignores them
+    (``_build.never_registered``), and ``check --gaudi`` reports them."""
+    path = os.fspath(path)
+    problem = _path_problem(path)
+    if problem is not None:
+        return None, [Finding(path, None, "", f"{problem}; Gaudi's bridge warns and keeps the default list")]
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # getline reads no line after the last newline
+    entries, findings = [], []
+    for number, raw in enumerate(lines, 1):
+        name = raw.lstrip("\ufeff").split("#", 1)[0].strip()
+        if not name:
+            continue
+        why = _line_problem(raw, name) or _unregistered(name)
+        if why is not None:
+            findings.append(Finding(path, number, name, f"{name!r} is dropped, as on Gaudi: {why}"))
+            continue
+        entries.append((name, (path, number)))
+    return entries, findings
+
+
+def _never_registered_findings(entries: List[Entry]) -> List[Finding]:
+    """The entries Gaudi keeps but never casts (Note: the names Gaudi's bridge never registers)."""
+    out = []
+    for name, (path, line) in entries:
+        why = never_registered(name)
+        if why is not None:
+            out.append(Finding(path, line, name, f"{name!r} has no effect, as on Gaudi: {why}"))
+    return out
+
+
+def check_findings(path: PathLike) -> List[Finding]:
+    """Everything Gaudi's bridge would do with the list file at ``path`` other than what its text
+    says (what ``hpu-autocast check --gaudi`` reports)."""
+    entries, findings = bridge_findings(path)
+    return findings + _never_registered_findings(entries or [])
+
+
+_warned_findings: set = set()
+
+
+def _warn(findings: List[Finding]) -> None:
+    """One warning per finding's file and name (line-independent), the first time it is seen."""
+    for f in findings:
+        key = (f.path, f.name)
+        if key not in _warned_findings:
+            _warned_findings.add(key)
+            warnings.warn(str(f), UserWarning, stacklevel=4)
+
+
+def policy_from_bridge_files(preset: Union[str, Policy], *, lower: Optional[PathLike] = None,
+                             fp32: Optional[PathLike] = None) -> Policy:
+    """``preset`` with the list files read as Gaudi's bridge reads its
+    ``PT_HPU_AUTOCAST_*_OPS_LIST`` files (Note: list files as Gaudi's bridge reads them): each
+    file replaces its own list only, an op on both lists is lower precision, and what Gaudi drops
+    or refuses is dropped with a warning naming the file, the line and what Gaudi does."""
+    base = as_policy(preset, env=False)
+    lists = {}
+    for arg, path in (("lower", lower), ("fp32", fp32)):
+        if path:
+            entries, findings = bridge_findings(path)
+            _warn(findings)
+            lists[arg] = entries
+    if all(v is None for v in lists.values()):
+        return base
+    return with_lists(base, **lists, lower_first=True)
 
 
 def policy_from_files(preset: Union[str, Policy], *, lower: Optional[PathLike] = None,
@@ -181,7 +341,7 @@ def policy_from_env(preset: str = DEFAULT_PRESET) -> Policy:
     last = _last_read.get(preset)
     if last is not None and last[0] == stamps:
         return last[1]
-    policy = policy_from_files(preset, lower=lower, fp32=fp32)
+    policy = policy_from_bridge_files(preset, lower=lower, fp32=fp32)
     _last_read[preset] = (stamps, policy)
     return policy
 

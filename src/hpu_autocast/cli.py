@@ -1,14 +1,16 @@
 """The ``hpu-autocast`` / ``python -m hpu_autocast`` command line.
 
     policy --preset NAME [--lower-list F] [--fp32-list F] [--format table|json|markdown]
-    check FILE...            validate op list files (exit status 1 and the bad names listed); two or
-                             more are also checked as pairs (lower, FP32): an op on both is an error
+    check [--gaudi] FILE...  validate op list files (exit status 1 and the bad names listed); two or
+                             more are also checked as pairs (lower, FP32): an op on both is an error;
+                             --gaudi: as Gaudi's bridge reads PT_HPU_AUTOCAST_*_OPS_LIST files
     diff PRESET PRESET       where two presets disagree
     report [flags] SCRIPT.py [args]   run a script under the mode, print the precision report
     tune [flags] SCRIPT.py [args]     tune a policy for the script's tune_target() (docs/tuning.md)
     docs                     the reference of every preset (docs/policies.md)
     info                     versions, and which engine runs the kernels (C++ core or Python)
     build-core [--verbose]   build the C++ core for the installed torch (once; cached per torch)
+    gaudi-check [flags]      HPU tests and benchmarks on this machine, as a block for an issue
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import sys
 import warnings
 from typing import Dict, List, Optional, Sequence
 
-from . import _report_cli, _tune_cli
+from . import _gaudi_check, _report_cli, _tune_cli
 from ._report_cli import Parser, UsageError
-from .builder import policy_from_files, read_list
+from .builder import check_findings, policy_from_files, read_list
 from .policy import CastPolicy, Policy
 from .presets import get_preset, preset_names
 from .names import PolicyError, resolve
@@ -107,12 +109,27 @@ def _cmd_policy(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _check_as_gaudi(files: Sequence[str]) -> int:
+    """``check --gaudi``: what Gaudi's bridge would do with each file, every finding an error
+    (builder's Note: list files as Gaudi's bridge reads them)."""
+    bad = 0
+    for path in files:
+        findings = check_findings(path)
+        for finding in findings:
+            print(f"error: {finding}")
+        bad += len(findings)
+        if not findings:
+            print(f"{path}: read by Gaudi's bridge as written")
+    return 1 if bad else 0
+
+
 _CHECK_HELP = """Check op list files as Gaudi's PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST and
 PT_HPU_AUTOCAST_FP32_OPS_LIST files are read here (policy_from_files): each file must exist and be
 text, and every name on it must name an op this torch has (errors give the file and line, and the
 nearest valid names). Files that pass are then checked in pairs, as the loader takes a lower list
 and an FP32 list together: an op on both (by any spelling) is an error, which the loader would
-refuse. Exit status 0 when all is valid, 1 otherwise."""
+refuse. With --gaudi, each file is read as Gaudi's bridge reads it instead, and everything the bridge
+would drop, refuse or ignore is an error (docs/hpu.md). Exit status 0 when all is valid, 1 otherwise."""
 
 
 def _check_file(path: str) -> bool:
@@ -148,6 +165,8 @@ def _check_pair(lower: str, fp32: str) -> bool:
 
 
 def _cmd_check(ns: argparse.Namespace) -> int:
+    if ns.gaudi:
+        return _check_as_gaudi(ns.files)
     valid = [path for path in ns.files if _check_file(path)]
     pairs = [_check_pair(a, b) for a, b in itertools.combinations(valid, 2)]
     return 0 if len(valid) == len(ns.files) and all(pairs) else 1
@@ -210,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="validate op list files, alone and in pairs", description=_CHECK_HELP)
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--gaudi", action="store_true",
+                   help="report everything Gaudi's bridge would drop, refuse or ignore in these "
+                        "PT_HPU_AUTOCAST_*_OPS_LIST files (docs/hpu.md)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("diff", help="show where two presets disagree")
@@ -229,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _report_cli.add_parser(sub)
     _tune_cli.add_parser(sub)
+    _gaudi_check.add_parser(sub)
     return parser
 
 

@@ -126,11 +126,23 @@ def wrap_in_hpu_graph(module: torch.nn.Module, *args, **kwargs) -> torch.nn.Modu
     region that observes (``record=True``, ``verbose=True``, ``observer=``) runs ``forward``
     itself, uncaptured, so the observer sees its calls (a replay would show none).
 
+    [Note: HPU graphs in eager mode]
+    Bridge 1.19 exports ``wrap_in_hpu_graph`` in lazy mode only (``PT_HPU_LAZY_MODE=1``), and
+    newer stacks run eager by default. Where the bridge has none, the module is returned as it
+    is, with one ``RuntimeWarning`` naming the mode and the remedy: it runs without HPU graphs,
+    every call through its Python and the calling region's casts, which is what the module
+    computes with graphs too, only slower. A warning rather than an error, because a script
+    written for lazy mode then runs unchanged in eager mode (where ``torch.compile(backend=
+    "hpu_backend")`` is Gaudi's way to a graph); ``warnings.simplefilter("error",
+    RuntimeWarning)`` makes it one. ``module.clear_cache()`` exists there too, doing nothing.
+
     Raises ``ModuleNotFoundError`` naming ``habana_frameworks.torch`` when it is not installed.
     """
     if not hpu_importable():
         raise ModuleNotFoundError(f"hpu_autocast.hpu.wrap_in_hpu_graph: {_MISSING}", name=_MODULE)
     bridge = importlib.import_module(_MODULE + ".hpu")
+    if not hasattr(bridge, "wrap_in_hpu_graph"):
+        return _without_graphs(module)
 
     forward = module.forward
 
@@ -156,3 +168,17 @@ def wrap_in_hpu_graph(module: torch.nn.Module, *args, **kwargs) -> torch.nn.Modu
 
 #: The keyword argument that carries the region's state to the bridge's graph key.
 _REGION_KEYWORD = "hpu_autocast_region"
+
+
+def _without_graphs(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` unchanged but for a no-op ``clear_cache``, with the warning of the Note: HPU
+    graphs in eager mode."""
+    mode = "eager" if not lazy_mode() else "this"
+    warnings.warn(f"hpu_autocast.hpu.wrap_in_hpu_graph: Gaudi's bridge has no wrap_in_hpu_graph in {mode} mode "
+                  f"(bridge 1.19 exports it with PT_HPU_LAZY_MODE=1 only); {type(module).__name__} runs without "
+                  f"HPU graphs, each call eagerly with its region's casts. Set PT_HPU_LAZY_MODE=1 before importing "
+                  f"habana_frameworks for HPU graphs, or use torch.compile(backend=\"hpu_backend\") in eager mode.",
+                  RuntimeWarning, stacklevel=3)
+    if not hasattr(module, "clear_cache"):
+        module.clear_cache = lambda: None
+    return module

@@ -124,7 +124,8 @@ class HpuAutocastMode:
         self.device_type = device_type
         # Note: what a device forbids follows the region's device, not the process: with Gaudi's
         # bridge loaded, a CPU region still casts CPU tensors (float16 allowed, cache on), and an
-        # HPU region refuses float16 and never caches (seed 000; _devices.check_dtype).
+        # HPU region never caches (seed 000) and refuses float16 on a first-generation Gaudi
+        # (_devices.check_dtype).
         if self.enabled:
             _devices.check_dtype(dtype, device_type)
         if self.enabled and device_type == "cuda" and not _devices._cuda_available():

@@ -24,27 +24,30 @@ from . import gaudi_autocast, gaudi_hmp, torch_amp_cpu, torch_amp_cuda, xpu_amp
 
 __all__ = ["PRESETS", "get_preset", "preset_names"]
 
-#: Gaudi supports no float16 (seed 000), and HMP is bfloat16 only (seed 001).
-BF16_ONLY = (torch.bfloat16,)
+#: Gaudi's dtypes. Seed 000 (and seed 001 for HMP) says float16 is not supported; Gaudi's bridge
+#: takes a region's dtype from torch.get_autocast_dtype("hpu") whatever it is, and Gaudi 2 and
+#: later run float16: so float16 is accepted here, and refused for a region that casts HPU tensors
+#: on a first-generation Gaudi (the device's rule, _devices.check_dtype; docs/hpu.md).
+GAUDI_DTYPES = (torch.bfloat16, torch.float16)
 
 #: Preset name -> the arguments of ``build_policy`` that make it. ``tolerate_missing``: the
 #: names a torch build lacks are recorded in ``Policy.missing`` rather than refused.
 PRESETS: Dict[str, Mapping[str, Any]] = {
     "hpu": dict(
         lower=gaudi_autocast.LOWER, fp32=gaudi_autocast.FP32, promote=gaudi_autocast.PROMOTE,
-        input_only=gaudi_autocast.INPUT_ONLY, dtypes=BF16_ONLY, tolerate_missing=True,
+        input_only=gaudi_autocast.INPUT_ONLY, dtypes=GAUDI_DTYPES, tolerate_missing=True,
         # What Gaudi's bridge does with its lists: C++ names of functional ops only, so the
         # document's iadd and truediv do nothing (builder's Note: what Gaudi's bridge applies).
         c_names_only=True, warn_ignored=False,
     ),
     "hmp": dict(
         lower=gaudi_hmp.BF16, fp32=gaudi_hmp.FP32, promote=gaudi_hmp.PROMOTE, input_only=gaudi_hmp.INPUT_ONLY,
-        dtypes=BF16_ONLY, tolerate_missing=True,
+        dtypes=GAUDI_DTYPES, tolerate_missing=True,
         unlisted=CastPolicy.FIRST,  # "Any OPs not in the above two lists will run with precision type of its 1st input"
         inplace=CastPolicy.FIRST,  # "For in-place OPs ... cast all inputs to precision type of 1st input"
     ),
     "hmp-O2": dict(
-        lower=gaudi_hmp.O2_BF16, dtypes=BF16_ONLY,
+        lower=gaudi_hmp.O2_BF16, dtypes=GAUDI_DTYPES,
         unlisted=CastPolicy.FP32,  # GEMMs and convolutions in bfloat16, everything else float32
     ),
     "xpu": dict(
