@@ -52,7 +52,8 @@ def test_a_bad_action_names_the_key_the_value_and_the_accepted_values():
         Policy(name="x", table={MM: "low"})
     assert str(err.value) == (
         "Policy 'x': table[aten.mm.default] = 'low' is not a cast policy; accepted: CastPolicy.LOWER "
-        "or 'lower', CastPolicy.FP32 or 'fp32', CastPolicy.PROMOTE or 'promote', CastPolicy.FIRST or 'first'")
+        "or 'lower', CastPolicy.FP32 or 'fp32', CastPolicy.FP32_SET_OPT_DTYPE or 'fp32_set_opt_dtype', "
+        "CastPolicy.FP32_APPEND_DTYPE or 'fp32_append_dtype', CastPolicy.PROMOTE or 'promote', CastPolicy.FIRST or 'first'")
 
 
 @pytest.mark.parametrize("key, kind", [("mm", "str"), (aten.mm, "OpOverloadPacket"), (torch.mm, "builtin_function_or_method")])
