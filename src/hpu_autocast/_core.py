@@ -6,7 +6,7 @@ The core is a faster body for the same decisions, not a second implementation to
 by hand: it reads the compiled policy (``_table``) through one table per policy and device type
 (``table``, built here from the same ``OpRule`` fields the Python kernels read), and it hands
 every call it cannot decide exactly as the Python kernel would to that Python kernel
-(csrc/core.cpp, Note [which calls the core decides]): observing regions, tracing, named in-place
+(``OpRule.core``'s Note: which calls the core decides, and csrc/core.cpp): observing regions, tracing, named in-place
 and ``out=`` overloads, ops left to native autocast, banned ops, errors. Both share one cast
 cache per region (``new_cache``), so a weight cast by either is cast once. Which engine runs is
 decided once per process, at import:

@@ -1,24 +1,24 @@
 // The C++ core: the engine's kernel on the ops key, for regions that do not observe.
 //
-// What it does is what the Python kernels do (``_kernels``: ``_apply``, ``_cast_inputs``,
-// ``_cast_and_call``), rule for rule, in C++: one generic *boxed* kernel, registered per policy
-// overload on the borrowed ops key, looks the overload up in the region's compiled table and
-// casts the eligible tensors on the dispatcher's stack, last to first, through the region's
-// cast cache (native's rules), then calls the op with the engine's keys excluded. docs/design.md
+// What it does is what the Python kernels do (``_kernels``: ``_apply``, ``_TARGET``,
+// ``_cast_inputs``, ``_cast_and_call``), in the same shape, in C++: one generic *boxed* kernel,
+// registered per policy overload on the borrowed ops key, looks the overload up in the region's
+// compiled table; its cast policy's function (``kPolicies``) names the target dtype or changes
+// the dtype arguments; one walk casts the eligible tensors on the dispatcher's stack, last to
+// first, through the region's cast cache (native's rules); then the op is called with the
+// engine's keys excluded. docs/design.md
 // ("The C++ core") has the long form; this file's Notes say why each piece is as it is.
 //
-// [Note: which calls the core decides] The kernel decides a call only when it can do exactly
-// what the Python kernel would; every other call is handed to the Python kernel (``to_python``),
-// which then decides it as it always did:
+// Which rules the core applies is decided once, in Python (``OpRule.core``, Note: which calls
+// the core decides, in _table); ``_core._row`` writes the others as ``kPython``. At each call the
+// kernel also hands to the Python kernel (``to_python``) what only Python can see:
 //   * no frame set for this thread by ``set_frame`` (an autograd worker thread, a thread that
 //     never opened a region), or a frame set in another Python context than the running one
 //     (an asyncio task, ``contextvars.Context.run``): Python reads the context's own frame;
 //   * the frame's region closed (an exit out of order) or observes (it is never set here then);
 //   * a TorchDispatchMode is active (tracing for torch.compile, FLOP counting): the Python
 //     kernel installs the compile guard and runs under the mode as before;
-//   * rules the core leaves to Python: named in-place and ``out=`` overloads (computed into
-//     copies, ``_inplace``), ops left to native autocast, banned ops (their error), and a
-//     PROMOTE that meets a dtype it cannot promote (its error).
+//   * a PROMOTE that meets a dtype it cannot promote (its error).
 // A call whose region has no rule for the op is passed on below the ops key, as the Python
 // kernel passes it on.
 //
