@@ -1,5 +1,6 @@
 """The decision log: one compact line per engine event, tested as whole text."""
 
+import dataclasses
 import logging
 
 import pytest
