@@ -20,7 +20,7 @@ from torch._ops import OpOverload
 
 from . import _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
-from .policy import BuildRecord, CastPolicy, Policy
+from .policy import BuildRecord, CastPolicy, Policy, takes
 
 __all__ = ["build_policy", "with_lists", "check_no_conflict", "Entry"]
 
@@ -180,6 +180,19 @@ _EXCLUSIVE = ((CastPolicy.LOWER, "lower", "the lower-precision list"), (CastPoli
 _LABEL = {action: label for action, _, label in _EXCLUSIVE}
 
 
+def _taking(action: CastPolicy, ops: Dict[OpOverload, Entry]) -> Dict[OpOverload, Entry]:
+    """Of the overloads a name resolved to, those that can take ``action`` (``policy.takes``:
+    ``norm`` on the fp32_append_dtype list is ``norm.Scalar`` and ``norm.ScalarOpt_dim``). A
+    name none of whose overloads can is kept whole, for ``Policy`` to refuse by name."""
+    by_name: Dict[str, List[OpOverload]] = {}
+    for op, (name, _) in ops.items():
+        by_name.setdefault(name, []).append(op)
+    keep = set()
+    for group in by_name.values():
+        keep.update([op for op in group if takes(op, action)] or group)
+    return {op: e for op, e in ops.items() if op in keep}
+
+
 def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry],
                       **others: Mapping[OpOverload, Entry]) -> None:
     """Raise ``PolicyError`` naming the first op (in list order) that is on two of the lists
@@ -249,7 +262,7 @@ def build_policy(
     rules = _Rules(tolerate_missing, registered, c_names_only)
     skipped = _Skipped()
     given = dict(zip((a for a, _, _ in _EXCLUSIVE), (lower, fp32, fp32_set_opt_dtype, fp32_append_dtype)))
-    lists = {a: _overloads(_entries(names, arg), rules, skipped, arg)
+    lists = {a: _taking(a, _overloads(_entries(names, arg), rules, skipped, arg))
              for (a, arg, _), names in zip(_EXCLUSIVE, given.values())}
     pro = _overloads(_entries(promote, "promote"), rules, skipped, "promote")
     table = _table(lists, pro)
@@ -282,7 +295,7 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     rules = _Rules(c_names_only=policy.c_names_only)
     skipped = _Skipped()
     asked = dict(zip((a for a, _, _ in _EXCLUSIVE), (lower, fp32, fp32_set_opt_dtype, fp32_append_dtype)))
-    lists = {a: _overloads(_entries(asked[a], arg), rules, skipped, arg) for a, arg, _ in _EXCLUSIVE
+    lists = {a: _taking(a, _overloads(_entries(asked[a], arg), rules, skipped, arg)) for a, arg, _ in _EXCLUSIVE
              if asked[a] is not None}
     named = {op for ops in lists.values() for op in ops}
     for action, _, _ in _EXCLUSIVE:  # a kept list loses what a given list names (a user's list wins)

@@ -86,19 +86,27 @@ def _action(value: object, where: str) -> CastPolicy:
     raise ValueError(f"{where} = {value!r} is not a cast policy; accepted: {_ACCEPTED}")
 
 
-def _check_kind(op: OpOverload, action: CastPolicy, policy: str) -> None:
-    """Raise ``ValueError`` if ``op`` cannot take ``action``: the two float32 dtype policies need
-    a first tensor argument and a dtype argument to set (or a sibling overload to go to)."""
+def takes(op: OpOverload, action: CastPolicy) -> bool:
+    """Whether ``op`` can take ``action``: the two float32 dtype policies need a functional
+    overload with a first tensor argument and a dtype argument to set (FP32_SET_OPT_DTYPE) or a
+    sibling overload to go to (FP32_APPEND_DTYPE); the others take any op."""
     if action is CastPolicy.FP32_SET_OPT_DTYPE:
-        ok = _ops.first_is_tensor(op) and bool(_ops.optional_dtype_positions(op))
-        need = "a first Tensor argument and an optional dtype argument (ScalarType?)"
-    elif action is CastPolicy.FP32_APPEND_DTYPE:
-        ok = _ops.first_is_tensor(op) and _ops.append_dtype_overload(op) is not None
-        need = f"an entry in ATen's redispatch table, one of: {', '.join(sorted(_ops.APPEND_DTYPE))}"
-    else:
+        return (_ops.first_is_tensor(op) and bool(_ops.optional_dtype_positions(op))
+                and not (_ops.is_out(op) or _ops.is_inplace(op)))
+    if action is CastPolicy.FP32_APPEND_DTYPE:
+        return _ops.first_is_tensor(op) and _ops.append_dtype_overload(op) is not None
+    return True
+
+
+def _check_kind(op: OpOverload, action: CastPolicy, policy: str) -> None:
+    """Raise ``ValueError`` naming ``op`` if it cannot take ``action`` (``takes``)."""
+    if takes(op, action):
         return
-    if not ok:
-        raise ValueError(f"Policy {policy!r}: {op} cannot be {action.value}: that cast policy needs {need}")
+    if action is CastPolicy.FP32_SET_OPT_DTYPE:
+        need = "a functional overload with a first Tensor argument and an optional dtype argument (ScalarType?)"
+    else:
+        need = f"an entry in ATen's redispatch table, one of: {', '.join(sorted(_ops.APPEND_DTYPE))}"
+    raise ValueError(f"Policy {policy!r}: {op} cannot be {action.value}: that cast policy needs {need}")
 
 
 def _overload(key: object, where: str) -> OpOverload:
