@@ -153,3 +153,12 @@ def test_a_command_prints_no_warning_also_without_numpy(command, tmp_path):
                           timeout=300, env=ENV, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
+
+
+def test_policy_output_names_the_float32_dtype_policies(capsys):
+    assert main(["policy", "--preset", "torch-cuda", "--format", "json"]) == 0
+    rows = {r["op"]: r["action"] for r in json.loads(capsys.readouterr().out)}
+    assert rows["aten.softmax.int"] == "fp32_set_opt_dtype" and rows["aten.norm.Scalar"] == "fp32_append_dtype"
+    assert rows["aten.layer_norm.default"] == "fp32" and "aten.cross_entropy_loss.default" not in rows
+    assert main(["policy", "--preset", "torch-cuda"]) == 0
+    assert re.search(r"^aten\.sum\.default +fp32_set_opt_dtype$", capsys.readouterr().out, re.M)

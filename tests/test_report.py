@@ -232,3 +232,23 @@ def test_mode_verbose_logs(caplog):
         with HpuAutocastMode(verbose=True):
             lin(x)
     assert [r.getMessage() for r in caplog.records] == ["aten.linear.default  lower  f32,f32,f32 -> bf16"]
+
+
+def test_report_shows_the_float32_dtype_policies():
+    # softmax (fp32_set_opt_dtype) reads its bf16 input and computes in f32 with no cast; norm
+    # (fp32_append_dtype) likewise, through norm.ScalarOpt_dtype; neither is warned about: reading
+    # the lower-precision input is what the policy is for.
+    policy = build_policy("dtype kinds", lower=["mm"], fp32_set_opt_dtype=["softmax"], fp32_append_dtype=["norm"],
+                          device_type="cpu")
+    x = torch.randn(2, 4)
+    with record(policy=policy) as rec:
+        y = torch.mm(x, x.t())
+        torch.softmax(y, -1)
+        torch.ops.aten.norm.Scalar(y, 2)
+    lines = str(rec.report()).splitlines()
+    assert lines[2:5] == [
+        "aten.mm.default   lower               f32,f32 -> bf16      1      2          32     32",
+        "aten.softmax.int  fp32_set_opt_dtype  bf16 -> f32          1      0           0      -",
+        "aten.norm.Scalar  fp32_append_dtype   bf16 -> f32          1      0           0      -",
+    ]
+    assert "warnings" not in str(rec.report())
