@@ -18,7 +18,6 @@ Data flow of one call (docs/design.md has the long form)::
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Callable, Iterator, Optional, Tuple
 
 import torch
@@ -295,7 +294,9 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     region, rule = call.frame.region, call.rule
     is_eligible = region.eligible
     cache = region.cache if _cache_on() else None
-    cast = CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
+    cast = CAST.get(target)
+    if cast is None:
+        cast = functools.partial(_Tensor.to, dtype=target)
     lower = target is call.frame.dtype
     args, kwargs, eligible = list(call.args), call.kwargs, 0
     # Note [the order of casts]: native casts an op's arguments last to first (they are the
@@ -304,30 +305,70 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     # is cast for several arguments, its gradient's float32 sums follow that order. So the
     # arguments are cast last to first too (a list's items in order, as native's loop casts
     # them), and the events list the casts in argument order.
-    inputs = _inputs(rule, call.args, kwargs, _input_only(rule, region))
-    for argument in reversed([list(g) for _, g in itertools.groupby(inputs, key=lambda e: e[0])]):
-        mine = [] if casts is not None else None
-        for i, j, t in argument:
-            if not is_eligible(t):
+    protected = rule.protected
+    for i in reversed(_positions(rule, args, kwargs, _input_only(rule, region))):
+        a = kwargs[i] if type(i) is str else args[i]
+        if isinstance(a, _Tensor):  # the commonest argument, walked without a list
+            if not is_eligible(a):
                 continue
             eligible += 1
-            if target is None or t.dtype is target or i in rule.protected:
+            if target is None or a.dtype is target or i in protected:
                 continue
-            name = i if type(i) is str else rule.arg_names[i] if j is None else f"{rule.arg_names[i]}[{j}]"
-            copy = cached_cast(t, t.dtype, target, cast, cache, mine, name, lower)
-            if type(i) is str:
-                kwargs = kwargs if kwargs is not call.kwargs else dict(kwargs)
-                kwargs[i] = copy
-            elif j is None:
-                args[i] = copy
+            if casts is None and (cache is None or not a.requires_grad):
+                copy = cast(a)  # no cache entry possible, nothing to report: cached_cast's first test
             else:
-                args[i] = list(args[i]) if args[i] is call.args[i] else args[i]
-                args[i][j] = copy
-        if mine:
-            casts[0:0] = mine
-    call.args = tuple(tuple(a) if type(c) is tuple and a is not c else a for a, c in zip(args, call.args))
-    call.kwargs = kwargs
+                mine = [] if casts is not None else None
+                copy = cached_cast(a, a.dtype, target, cast, cache, mine, i if type(i) is str else rule.arg_names[i],
+                                   lower)
+                if mine:
+                    casts[0:0] = mine
+            if type(i) is str:
+                kwargs = dict(kwargs) if kwargs is call.kwargs else kwargs
+                kwargs[i] = copy
+            else:
+                args[i] = copy
+        else:
+            eligible += _cast_list(call, args, i, target, cast, cache, casts, lower)
+    call.args, call.kwargs = args, kwargs
     return eligible
+
+
+def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], cast: Callable, cache,
+               casts: Optional[list], lower: bool) -> int:
+    """``_cast_inputs`` for a list argument (``cat``'s tensors), its items in order: ``args[i]``
+    becomes a list of the same type with the eligible items cast; returns how many were eligible."""
+    rule, is_eligible, items = call.rule, call.frame.region.eligible, args[i]
+    mine = [] if casts is not None else None
+    copies, eligible = None, 0
+    for j, t in enumerate(items):
+        if not (isinstance(t, _Tensor) and is_eligible(t)):
+            continue
+        eligible += 1
+        if target is None or t.dtype is target or i in rule.protected:
+            continue
+        copies = copies or list(items)
+        copies[j] = cached_cast(t, t.dtype, target, cast, cache, mine, f"{rule.arg_names[i]}[{j}]", lower)
+    if copies is not None:
+        args[i] = type(items)(copies)
+    if mine:
+        casts[0:0] = mine
+    return eligible
+
+
+def _positions(rule: OpRule, args: list, kwargs: dict, input_only: bool) -> list:
+    """Where the tensors a rule looks at are, in argument order (``_inputs``' positions): a tensor
+    or a list of them; an input-only rule stops at its first tensor."""
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor):
+            out.append(i)
+            if input_only:
+                return out
+        elif type(a) is list or type(a) is tuple:
+            out.append(i)
+    if not input_only:
+        out += [n for n, v in kwargs.items() if isinstance(v, _Tensor) and n not in rule.written_names]
+    return out
 
 
 def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
