@@ -237,21 +237,12 @@ def _append_dtype(call: _Call) -> None:
     return None
 
 
-def _promote(call: _Call) -> Optional[torch.dtype]:
-    """PROMOTE: every eligible input cast to the widest eligible dtype (``rules.compute_dtype``);
-    with none eligible, nothing is cast."""
-    return _decided(CastPolicy.PROMOTE, call)
-
-
-def _first(call: _Call) -> Optional[torch.dtype]:
-    """FIRST: every eligible input cast to the first one's dtype (an in-place ``self``: HPU's iadd)."""
-    return _decided(CastPolicy.FIRST, call)
-
-
 def _decided(action: CastPolicy, call: _Call) -> Optional[torch.dtype]:
-    """The dtype PROMOTE or FIRST computes in, from the eligible inputs' dtypes in argument order
-    (``None``: none eligible). An in-place op's ``self`` counts (it is an input too; FIRST takes its
-    dtype); under PROMOTE, other arguments the op writes do not (running statistics)."""
+    """PROMOTE (every eligible input cast to the widest eligible dtype) and FIRST (to the first
+    one's: an in-place ``self``, HPU's iadd): the dtype from the eligible inputs' dtypes in argument
+    order (``rules.compute_dtype``; ``None``: none eligible, nothing cast). An in-place op's
+    ``self`` counts (it is an input too; FIRST takes its dtype); under PROMOTE, other arguments
+    the op writes do not (running statistics)."""
     region, rule = call.frame.region, call.rule
     protected = rule.protected if action is not CastPolicy.FIRST else ()
     dtypes = [t.dtype for i, _, t in _inputs(rule, call.args, call.kwargs, _input_only(rule, region))
@@ -261,7 +252,8 @@ def _decided(action: CastPolicy, call: _Call) -> Optional[torch.dtype]:
 
 #: Each cast policy's function (Note: the rule, per cast policy).
 _TARGET = {CastPolicy.LOWER: _lower, CastPolicy.FP32: _fp32, CastPolicy.FP32_SET_OPT_DTYPE: _set_opt_dtype,
-           CastPolicy.FP32_APPEND_DTYPE: _append_dtype, CastPolicy.PROMOTE: _promote, CastPolicy.FIRST: _first}
+           CastPolicy.FP32_APPEND_DTYPE: _append_dtype, CastPolicy.PROMOTE: functools.partial(_decided, CastPolicy.PROMOTE),
+           CastPolicy.FIRST: functools.partial(_decided, CastPolicy.FIRST)}
 
 
 def _input_only(rule: OpRule, region) -> bool:
@@ -269,22 +261,14 @@ def _input_only(rule: OpRule, region) -> bool:
 
 
 def _inputs(rule: OpRule, args: tuple, kwargs: dict, input_only: bool) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
-    """The tensors a rule looks at, in argument order, as ``(position, index in a list or None,
-    tensor)`` (a keyword argument's position is its name): an input-only rule looks at its first
-    tensor alone, and what the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
-    for i, a in enumerate(args):
+    """The tensors a rule looks at (``_positions``), in argument order, as ``(position, index in a
+    list or None, tensor)``."""
+    for i in _positions(rule, args, kwargs, input_only):
+        a = kwargs[i] if type(i) is str else args[i]
         if isinstance(a, _Tensor):
             yield i, None, a
-            if input_only:
-                return
-        elif type(a) is list or type(a) is tuple:
-            for j, t in enumerate(a):
-                if isinstance(t, _Tensor):
-                    yield i, j, t
-    if not input_only:
-        for n, v in kwargs.items():
-            if isinstance(v, _Tensor) and n not in rule.written_names:
-                yield n, None, v
+        else:
+            yield from ((i, j, t) for j, t in enumerate(a) if isinstance(t, _Tensor))
 
 
 def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[list]) -> int:
@@ -356,8 +340,9 @@ def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], c
 
 
 def _positions(rule: OpRule, args: list, kwargs: dict, input_only: bool) -> list:
-    """Where the tensors a rule looks at are, in argument order (``_inputs``' positions): a tensor
-    or a list of them; an input-only rule stops at its first tensor."""
+    """Where the tensors a rule looks at are, in argument order (a keyword argument's position is
+    its name): a tensor or a list of them; an input-only rule stops at its first tensor, and what
+    the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
     out = []
     for i, a in enumerate(args):
         if isinstance(a, _Tensor):
