@@ -417,3 +417,27 @@ def test_when_only_the_gemms_lower_meets_the_tolerance_tune_meets_it_keeping_the
 
 def test_the_result_type_is_exported():
     assert isinstance(tune(lambda x: x * 2, torch.ones(2), tolerance=0.5), TuneResult)
+
+
+def test_tune_keeps_the_float32_dtype_policies_and_moves_only_lower_ops():
+    # A start with softmax as fp32_set_opt_dtype and norm as fp32_append_dtype (as torch-cuda has
+    # them): tune moves lower ops to fp32 only; the dtype policies stay as they were.
+    from hpu_autocast import build_policy
+
+    start = build_policy("dtype kinds", lower=["linear", "mean", "mul"], fp32_set_opt_dtype=["softmax"],
+                         fp32_append_dtype=["norm"], device_type="cpu")
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+
+    def fn(x):
+        y = torch.softmax(lin(x) * 1000, -1)
+        return torch.ops.aten.norm.Scalar(y, 2) + (lin(x) + 1000).mean() - 1000
+
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        result = tune(fn, x, policy=start, tolerance=1e-4)
+    assert result.moved  # something had to move for the tolerance
+    for action in (CastPolicy.FP32_SET_OPT_DTYPE, CastPolicy.FP32_APPEND_DTYPE):
+        assert result.policy.ops(action) == start.ops(action)
+    assert all(start.table[op] is CastPolicy.LOWER for op, a in result.policy.table.items()
+               if a is not start.table.get(op))
