@@ -214,3 +214,19 @@ def test_a_kind_an_op_cannot_take_is_refused_by_name():
         build_policy("bad", fp32_set_opt_dtype=["mm"])
     with pytest.raises(ValueError, match=r"aten.sum.\w+ cannot be fp32_append_dtype: .*aten::norm.Scalar"):
         build_policy("bad", fp32_append_dtype=["sum"])
+
+
+# --- explicit dtype arguments: what native does, and torch-* with it -----------------------------
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("inputs", [F32, BF16, F64], ids=str)
+def test_torch_cpu_casts_a_call_with_an_explicit_dtype_as_native_does(inputs, engine):
+    # ATen's fp32 kernel casts every eligible tensor whatever the call's dtype= (WrapFunction_
+    # applies cached_cast to each argument): CPU's prod(x, dtype=float64) reads x in float32.
+    x = torch.randn(4, 6).to(inputs)
+    fn = lambda t: t.prod(1, dtype=F64)  # noqa: E731
+    native, _ = trace(fn, (x,), {}, torch.autocast("cpu", dtype=BF16), "cpu")
+    ours, _ = trace(fn, (x,), {}, HpuAutocastMode(BF16, policy="torch-cpu", **ENGINES[engine]), "cpu")
+    assert ours == native
+    if inputs is BF16:
+        assert native[0] == ("aten._to_copy.default", ("torch.bfloat16", "torch.float32"))
