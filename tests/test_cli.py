@@ -235,3 +235,11 @@ def test_build_core_in_a_directory_that_is_a_file_is_one_error_line(tmp_path, mo
     err = capsys.readouterr().err
     assert err.startswith("error: hpu_autocast: the C++ core's build directory ") and err.count("\n") == 1
     assert f"(HPU_AUTOCAST_CORE_DIR={str(tmp_path / 'file')!r}) cannot be made: Not a directory" in err
+
+def test_policy_output_names_the_float32_dtype_policies(capsys):
+    assert main(["policy", "--preset", "torch-cuda", "--format", "json"]) == 0
+    rows = {r["op"]: r["action"] for r in json.loads(capsys.readouterr().out)}
+    assert rows["aten.softmax.int"] == "fp32_set_opt_dtype" and rows["aten.norm.Scalar"] == "fp32_append_dtype"
+    assert rows["aten.layer_norm.default"] == "fp32" and "aten.cross_entropy_loss.default" not in rows
+    assert main(["policy", "--preset", "torch-cuda"]) == 0
+    assert re.search(r"^aten\.sum\.default +fp32_set_opt_dtype$", capsys.readouterr().out, re.M)

@@ -337,6 +337,7 @@ def test_every_field_of_a_policy_tells_its_compiled_key_apart():
         "device_type": "cpu",
         "native": "AutocastCPU",
         "c_names_only": True,
+        "explicit_dtype": "cast",
     }
     # A field added to Policy must be added here (and is covered by the key without more work);
     # the build record is no part of the value (test_policy.py: it changes neither equality nor key).

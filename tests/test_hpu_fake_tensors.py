@@ -14,9 +14,9 @@ on the fake tensor inside, autocast keys excluded. A subclass rather than a disp
 C++ core hands every call to Python while a dispatch mode is active, so a mode would test the
 Python kernels under either engine.
 
-Cases that need the engine's explicit-dtype field (``Policy.explicit_dtype = "cast"`` for
-``hpu``, on branch ``engine``) are the one strict xfail set, ``AWAITS_EXPLICIT_DTYPE``: the lead
-empties it after merging.
+The three explicit-dtype cases (``softmax(x, -1, dtype=torch.float32)`` and kin) hold because
+``hpu`` casts as the bridge does (``Policy.explicit_dtype = "cast"``): a float32 input is rounded
+to the region's dtype whatever ``dtype=`` says.
 
 Limits of fake HPU tensors on a CPU build: no autograd (it asks for HPU's device guard, which a
 CPU build lacks, and aborts), and no Python indexing (``x[:, :1]``, for the same reason); the
@@ -41,7 +41,6 @@ from hpu_autocast.presets import gaudi_autocast
 
 #: Cases that wait for Policy.explicit_dtype ("cast" under hpu): a listed op given float32
 #: tensors and an explicit dtype, whose tensors the bridge casts anyway.
-AWAITS_EXPLICIT_DTYPE = {"softmax(dtype=)-f32", "log_softmax(dtype=)-f32", "mean(dtype=)-f32"}
 
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="f16")]
 _SHORT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64",
@@ -183,15 +182,7 @@ def _params():
     names = _NAMES + ["softmax(dtype=)", "log_softmax(dtype=)", "mean(dtype=)"]
     for name in names:
         for inputs in _INPUTS:
-            case = f"{name}-{inputs}"
-            marks = [pytest.mark.xfail(strict=True, reason="awaits Policy.explicit_dtype (branch engine)")] \
-                if case in AWAITS_EXPLICIT_DTYPE else []
-            yield pytest.param(name, inputs, id=case, marks=marks)
-
-
-def test_the_xfail_set_names_cases():
-    cases = {p.id for p in _params()}
-    assert AWAITS_EXPLICIT_DTYPE <= cases, AWAITS_EXPLICIT_DTYPE - cases
+            yield pytest.param(name, inputs, id=f"{name}-{inputs}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -534,11 +534,9 @@ def _ineligible_cases():
         "add(out=)": (lambda: torch.add(xb, y, out=torch.empty(2, 4, dtype=BF)), BF),
         "cat(out=)": (lambda: torch.cat([xb, y], out=torch.empty(4, 4, dtype=BF)), BF),
         "mean(out=)": (lambda: torch.mean(x, 0, out=torch.empty(4)), torch.float32),
-        # explicit dtype=
-        "softmax(dtype=f32)": (lambda: torch.softmax(x, -1, dtype=torch.float32), torch.float32),
+        # explicit dtype= on an input already in bfloat16 (test_explicit_dtype_is_cast_as_on_gaudi
+        # has a float32 input)
         "softmax(bf16, dtype=f32)": (lambda: F.softmax(xb, -1, dtype=torch.float32), torch.float32),
-        "log_softmax(dtype=f32)": (lambda: F.log_softmax(x, -1, dtype=torch.float32), torch.float32),
-        "mean(dtype=f32)": (lambda: x.mean(dtype=torch.float32), torch.float32),
         "mean(bf16, dtype=f64)": (lambda: torch.mean(xb, dtype=f64), f64),
         # float64
         "mm f64": (lambda: torch.mm(d, dw), f64),
@@ -575,6 +573,20 @@ def test_ineligible_call_is_untouched(case):
         ours = fn()
     assert ours.dtype == dtype
     assert _equal(ours, plain)
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1, dtype=torch.float32),
+                                lambda x: F.log_softmax(x, -1, dtype=torch.float32),
+                                lambda x: x.mean(dtype=torch.float32)], ids=["softmax", "log_softmax", "mean"])
+def test_explicit_dtype_is_cast_as_on_gaudi(fn):
+    # Gaudi's Hpu_WrapFunction_ casts every eligible tensor of a listed op whatever its dtype=
+    # (issue 29): the float32 input is read rounded to bfloat16; the hand-cast control, bit for bit.
+    x = _t(2, 4)
+    with HpuAutocastMode():
+        ours = fn(x)
+    control = fn(x.bfloat16())
+    assert ours.dtype == control.dtype == torch.float32 and torch.equal(ours, control)
+    assert not torch.equal(ours, fn(x))  # the cast shows
 
 
 def test_a_wrongful_cast_would_show():

@@ -1,12 +1,13 @@
 """The decision log: one compact line per engine event, tested as whole text."""
 
+import dataclasses
 import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from hpu_autocast import HpuAutocastMode
+from hpu_autocast import HpuAutocastMode, get_preset
 from hpu_autocast.log import LOGGER_NAME, combine_observers, make_log_observer
 
 
@@ -45,17 +46,25 @@ def test_log_of_ineligible_calls(caplog):
         torch.mm(d, d)                       # float64 is never cast
         z.relu_()                            # an in-place form no list names
         torch.add(z, b, out=torch.empty(2, 2))  # out= computes into its out tensor, on no list
-        torch.softmax(z, 0, dtype=torch.float64)  # an explicit dtype wins
+        torch.softmax(z, 0, dtype=torch.float64)  # an explicit dtype wins (explicit_dtype="leave")
         torch.sum(z, dtype=torch.float64)    # unlisted, with a dtype: computes in it
         torch.arange(3) + 1                  # no floating input: no decision, no line
 
-    assert _lines(caplog, body) == "\n".join([
+    leave = dataclasses.replace(get_preset("hpu"), name="hpu (explicit dtype left)", explicit_dtype="leave")
+    assert _lines(caplog, body, policy=leave) == "\n".join([
         "aten.mm.default  ineligible: float64  f64,f64 -> f64",
         "aten.relu_.default  not listed  f32 -> f32",
         "aten.add.out  not listed  f32,bf16 -> f32",
         "aten.softmax.int  ineligible: explicit dtype  f32 -> f64",
         "aten.sum.default  not listed  f32 -> f64",
     ])
+
+
+def test_log_of_an_explicit_dtype_cast_as_on_gaudi(caplog):
+    # hpu casts a dtype= call's eligible input as the bridge does: softmax is on its lower list.
+    z = torch.ones(2, 2)
+    assert _lines(caplog, lambda: torch.softmax(z, 0, dtype=torch.float64)) == \
+        "aten.softmax.int  lower  f32 -> f64"
 
 
 def test_log_promote_and_mixed_unlisted(caplog):

@@ -52,7 +52,8 @@ def test_a_bad_action_names_the_key_the_value_and_the_accepted_values():
         Policy(name="x", table={MM: "low"})
     assert str(err.value) == (
         "Policy 'x': table[aten.mm.default] = 'low' is not a cast policy; accepted: CastPolicy.LOWER "
-        "or 'lower', CastPolicy.FP32 or 'fp32', CastPolicy.PROMOTE or 'promote', CastPolicy.FIRST or 'first'")
+        "or 'lower', CastPolicy.FP32 or 'fp32', CastPolicy.FP32_SET_OPT_DTYPE or 'fp32_set_opt_dtype', "
+        "CastPolicy.FP32_APPEND_DTYPE or 'fp32_append_dtype', CastPolicy.PROMOTE or 'promote', CastPolicy.FIRST or 'first'")
 
 
 @pytest.mark.parametrize("key, kind", [("mm", "str"), (aten.mm, "OpOverloadPacket"), (torch.mm, "builtin_function_or_method")])
@@ -110,3 +111,30 @@ def test_device_type_defaults_to_the_running_device():
     device_types = {name: get_preset(name).device_type for name in preset_names()}
     assert device_types == {"hpu": None, "hmp": None, "hmp-O2": None, "xpu": "xpu", "torch-cpu": "cpu",
                             "torch-cuda": "cuda"}
+
+
+def test_the_new_cast_policies_and_explicit_dtype_are_part_of_the_value():
+    # torch-cuda holds both float32 dtype policies and explicit_dtype="cast": they survive pickle
+    # (checked above for every preset) and tell policies apart, in equality and the compiled key.
+    from hpu_autocast._table import compile_policy
+
+    cuda = get_preset("torch-cuda")
+    assert cuda.ops(CastPolicy.FP32_SET_OPT_DTYPE) and cuda.ops(CastPolicy.FP32_APPEND_DTYPE)
+    other = pickle.loads(pickle.dumps(cuda))
+    assert other.explicit_dtype == "cast" and other.ops(CastPolicy.FP32_APPEND_DTYPE) == cuda.ops(CastPolicy.FP32_APPEND_DTYPE)
+    left = dataclasses.replace(cuda, explicit_dtype="leave")
+    assert left != cuda and compile_policy(left).key != compile_policy(cuda).key
+    sum_op = torch.ops.aten.sum.default
+    as_fp32 = dataclasses.replace(cuda, table={**cuda.table, sum_op: CastPolicy.FP32})
+    assert as_fp32 != cuda and compile_policy(as_fp32).key != compile_policy(cuda).key
+
+
+def test_a_bad_explicit_dtype_names_the_accepted_values():
+    with pytest.raises(ValueError) as err:
+        Policy(name="x", table={MM: "lower"}, explicit_dtype="ignore")
+    assert str(err.value) == "Policy 'x': explicit_dtype = 'ignore'; accepted: 'leave' or 'cast'"
+
+
+def test_an_op_that_cannot_take_a_dtype_policy_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"^Policy 'x': aten.mm.default cannot be fp32_append_dtype: "):
+        Policy(name="x", table={MM: "fp32_append_dtype"})

@@ -276,3 +276,22 @@ def test_flops_of_calls_fed_lower_beside_float32_weights_equal_torchs_counter():
     assert r.flops_by_dtype == {"bf16": oracle}
     assert r.lower_flop_share == 1.0
     assert not [w for w in r.warnings if "FLOPs unknown" in w]
+
+def test_report_shows_the_float32_dtype_policies():
+    # softmax (fp32_set_opt_dtype) reads its bf16 input and computes in f32 with no cast; norm
+    # (fp32_append_dtype) likewise, through norm.ScalarOpt_dtype; neither is warned about: reading
+    # the lower-precision input is what the policy is for.
+    policy = build_policy("dtype kinds", lower=["mm"], fp32_set_opt_dtype=["softmax"], fp32_append_dtype=["norm"],
+                          device_type="cpu")
+    x = torch.randn(2, 4)
+    with record(policy=policy) as rec:
+        y = torch.mm(x, x.t())
+        torch.softmax(y, -1)
+        torch.ops.aten.norm.Scalar(y, 2)
+    lines = str(rec.report()).splitlines()
+    assert lines[2:5] == [
+        "aten.mm.default   lower               f32,f32 -> bf16      1      2          32     32",
+        "aten.softmax.int  fp32_set_opt_dtype  bf16 -> f32          1      0           0      -",
+        "aten.norm.Scalar  fp32_append_dtype   bf16 -> f32          1      0           0      -",
+    ]
+    assert "warnings" not in str(rec.report())

@@ -6,6 +6,7 @@ write their own property tests with: ``inputs_for(op)``, ``eligible_tensors()``,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -15,12 +16,14 @@ from hypothesis import strategies as st
 
 import torch.nn.functional as F
 
-from hpu_autocast import CastPolicy, HpuAutocastMode, build_policy
+from hpu_autocast import CastPolicy, HpuAutocastMode, build_policy, get_preset
 from hpu_autocast.rules import PromoteError, compute_dtype, has_explicit_dtype, is_eligible as _is_eligible
 from hpu_autocast.testing import eligible_tensors, inputs_for, policies
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool]
 LOWER_DTYPES = [torch.bfloat16, torch.float16]
+#: hpu with torch.amp's documented rule for explicit dtypes (a call passing one runs unchanged).
+HPU_LEAVE = dataclasses.replace(get_preset("hpu"), name="hpu (explicit dtype left)", explicit_dtype="leave")
 
 POLICY = build_policy("properties", lower=["mul", "maximum"], fp32=["atan2", "hypot"],
                       promote=["add", "sub"])
@@ -134,7 +137,8 @@ def _binary_op_follows_its_rule(name, a, b, lower, policy, action):
        form=st.sampled_from(["inplace", "out", "dtype"]), preset=st.booleans())
 def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, seed, form, preset):
     # mul is LOWER in both policies; softmax is LOWER under hpu (so dtype= is tested there).
-    policy, lower = ("hpu", torch.bfloat16) if preset else (POLICY, lower)
+    # (hpu with torch.amp's documented rule for dtype=: test_explicit_dtype_cast has the bridge's.)
+    policy, lower = (HPU_LEAVE, torch.bfloat16) if preset else (POLICY, lower)
     a, b = _tensor(shapes[0], da, seed), _tensor(shapes[1], db, seed + 1)
     full = torch.broadcast_shapes(a.shape, b.shape)
 
@@ -150,6 +154,20 @@ def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, see
     with HpuAutocastMode(lower, policy=policy):
         ours = call()
     assert ours.dtype == plain.dtype and torch.equal(ours, plain)
+
+
+@FAST
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), da=st.sampled_from(DTYPES[:4]),
+       db=st.sampled_from(DTYPES[:4]), seed=st.integers(0, 2**16))
+def test_explicit_dtype_cast(shape, da, db, seed):
+    # Policy.explicit_dtype="cast" (hpu, as Gaudi's Hpu_WrapFunction_): softmax, LOWER under
+    # hpu, reads its eligible input in bfloat16 whatever dtype= says; float64 is not eligible.
+    a = _tensor(tuple(shape), da, seed)
+    control = a.bfloat16() if da is not torch.float64 else a
+    with HpuAutocastMode(torch.bfloat16, policy="hpu"):
+        ours = torch.softmax(a, -1, dtype=db)
+    expected = torch.softmax(control, -1, dtype=db)
+    assert ours.dtype == expected.dtype and torch.equal(ours, expected)
 
 
 # --- the hpu preset's elementwise-friendly ops ----------------------------------------------

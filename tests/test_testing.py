@@ -165,12 +165,18 @@ def test_integer_inputs_with_a_floating_result():
 
 
 def test_explicit_dtype():
-    found = check_policy(lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3))
-    # softmax is lower under hpu; dtype= wins, as in torch.autocast.
+    # softmax is lower under hpu; under a policy that leaves calls with dtype= alone (torch.amp's
+    # documented rule), dtype= wins and the check says why.
+    import dataclasses
+
+    leave = dataclasses.replace(hpu_autocast.get_preset("hpu"), name="hpu (leave)", explicit_dtype="leave")
+    found = check_policy(lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3), policy=leave)
     assert [(str(d.op), d.why, d.compute, d.expected) for d in found] == [
         ("aten.softmax.int", "explicit dtype", torch.float32, torch.bfloat16)]
     assert not check_policy(lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3),
-                            ignore=["explicit dtype"])
+                            ignore=["explicit dtype"], policy=leave)
+    # hpu casts the input as Gaudi's bridge does: the call follows the policy.
+    assert not check_policy(lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3))
 
 
 class Guarded(nn.Module):

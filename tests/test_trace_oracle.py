@@ -29,7 +29,6 @@ from torch.utils._pytree import tree_map
 from _parity import VARIANTS
 from _samples import SAMPLES, build
 from _trace import compare, first_difference, trace
-import hpu_autocast
 from hpu_autocast import _core
 from hpu_autocast._ops import op_base_name, registered_for
 
@@ -38,25 +37,6 @@ with warnings.catch_warnings():  # its import adds warning filters; keep the sui
 
 DEVICES = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-
-#: [Note: the cases that await ATen's other cast policies] Where the region's calls part from
-#: native's today: native's fp32_set_opt_dtype (the op gets ``dtype=float32`` and reads the lower
-#: precision input itself) and fp32_append_dtype (``dtype=float32`` appended) are approximated by
-#: casting the input, and the composite ``cross_entropy_loss`` is cast at its entry where native
-#: lets it decompose. Each case here must fail (strict xfail), so the fix shows: empty the set once
-#: the engine has those policies. Keys are the tests' parameter ids.
-AWAITS_CAST_POLICIES = {
-    f"cuda-{dtype}-{name}" for dtype in ("float16", "bfloat16") for name in (
-        # fp32_set_opt_dtype: native passes dtype=float32 (float32 inputs) or lets the op read the
-        # lower-precision input (_softmax's half_to_float); the region casts or passes nothing.
-        "sum", "prod", "cumsum", "cumprod", "softmax", "log_softmax",
-        # fp32_append_dtype: native appends dtype=float32 to linalg_vector_norm / norm.
-        "norm", "linalg_vector_norm", "linalg_matrix_norm",
-        # A composite cast at its entry (conv3d.padding): native lets it decompose.
-        "conv3d",
-        # Models: a loss's log_softmax or sum, a norm's dtype, as above.
-        "mlp+NLLLoss", "mlp+CrossEntropyLoss", "mlp+KLDivLoss", "mlp+CTCLoss", "mlp+LinearCrossEntropyLoss",
-        "mlp+MultiLabelSoftMarginLoss", "mlp+TripletMarginWithDistanceLoss", "norms-reductions")}
 
 # --- the ops ---------------------------------------------------------------------------------------
 
@@ -112,24 +92,8 @@ def samples(name: str) -> List[Tuple[Callable, tuple, dict]]:
     return out
 
 
-#: Found by the oracle in the Python kernels alone (the C++ core matches native): they cast one
-#: input of an fp32 op twice (fractional_max_pool's ``_random_samples``, a norm's weight, an LSTM
-#: cell's state), and whether they do depends on the tests run before (after test_engine.py more
-#: of these cases do): a state the Python kernels keep. Not strict, since it comes and goes; the
-#: engine's owners should fix it and then remove this set.
-PYTHON_KERNELS_DIFFER = {f"{device}-{dtype}-{name}" for device in DEVICES for dtype in DTYPES
-                         for name in ("fractional_max_pool2d", "fractional_max_pool3d", "layer_norm",
-                                      "native_layer_norm", "rms_norm", "lstm_cell")}
-
-
 def _marked(case: str, values: tuple):
-    marks = []
-    if case in AWAITS_CAST_POLICIES:
-        reason = f"issue 28: {case} awaits fp32_set_opt_dtype/fp32_append_dtype/composites not cast at entry"
-        marks.append(pytest.mark.xfail(strict=True, reason=reason))
-    if case in PYTHON_KERNELS_DIFFER and hpu_autocast.ENGINE == "python":
-        marks.append(pytest.mark.xfail(strict=False, reason=f"{case}: the Python kernels may cast an input twice"))
-    return pytest.param(*values, id=case, marks=marks)
+    return pytest.param(*values, id=case)
 
 
 OP_CASES = [_marked(f"{device}-{dname}-{name}", (device, dname, name))

@@ -454,3 +454,26 @@ def test_an_empty_batch_is_refused_not_met_with_error_0(outputs):
         tune(lambda t: outputs(torch.nn.functional.linear(t, torch.ones(3, 4))), x, tolerance=TOL)
     # With a metric of the user's, the outputs are the metric's business.
     assert tune(lambda t: t * 2, x, metric=lambda ref, out: 0.0).met
+
+def test_tune_keeps_the_float32_dtype_policies_and_moves_only_lower_ops():
+    # A start with softmax as fp32_set_opt_dtype and norm as fp32_append_dtype (as torch-cuda has
+    # them): tune moves lower ops to fp32 only; the dtype policies stay as they were.
+    from hpu_autocast import build_policy
+
+    start = build_policy("dtype kinds", lower=["linear", "mean", "mul"], fp32_set_opt_dtype=["softmax"],
+                         fp32_append_dtype=["norm"], device_type="cpu")
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+
+    def fn(x):
+        y = torch.softmax(lin(x) * 1000, -1)
+        return torch.ops.aten.norm.Scalar(y, 2) + (lin(x) + 1000).mean() - 1000
+
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        result = tune(fn, x, policy=start, tolerance=1e-4)
+    assert result.moved  # something had to move for the tolerance
+    for action in (CastPolicy.FP32_SET_OPT_DTYPE, CastPolicy.FP32_APPEND_DTYPE):
+        assert result.policy.ops(action) == start.ops(action)
+    assert all(start.table[op] is CastPolicy.LOWER for op, a in result.policy.table.items()
+               if a is not start.table.get(op))

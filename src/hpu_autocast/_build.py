@@ -4,9 +4,9 @@ use them, ``build_policy`` and ``with_lists``. The presets build with this modul
 ``hpu_autocast.builder``, above the presets, re-exports both builders beside the functions that
 start from a preset name (list files, Gaudi's environment variables and configuration).
 
-The lower and FP32 lists take precedence over promote, an in-place overload on the promote list
-keeps its first input's dtype, and an op on both the lower and the FP32 list is an error naming
-both entries.
+The lower, FP32, fp32_set_opt_dtype and fp32_append_dtype lists take precedence over promote, an
+in-place overload on the promote list keeps its first input's dtype, and an op on two of the
+first four lists is an error naming both entries.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch._ops import OpOverload
 
 from . import _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
-from .policy import BuildRecord, CastPolicy, Policy
+from .policy import BuildRecord, CastPolicy, Policy, takes
 
 __all__ = ["build_policy", "with_lists", "check_no_conflict", "Entry"]
 
@@ -36,14 +36,14 @@ class _Rules:
 
     ``tolerate_missing`` skips names this torch does not have (recorded in ``Policy.missing``);
     ``registered`` keeps only overloads with a kernel for that dispatch key (``"AutocastCPU"``
-    makes a preset exactly what native autocast registers); ``keep_composites`` keeps
-    composite entries too, whose insides native autocast casts; ``c_names_only`` applies a
-    name only as Gaudi's bridge would (Note: what Gaudi's bridge applies).
+    makes a preset exactly what native autocast registers: a composite with no kernel there,
+    ``cross_entropy_loss`` under CUDA, decomposes, and native casts its insides);
+    ``c_names_only`` applies a name only as Gaudi's bridge would (Note: what Gaudi's bridge
+    applies).
     """
 
     tolerate_missing: bool = False
     registered: Optional[str] = None
-    keep_composites: bool = False
     c_names_only: bool = False
 
 
@@ -81,14 +81,10 @@ def _overloads(entries: Iterable[Entry], rules: _Rules, skipped: _Skipped,
             skipped.missing.append(name)
             continue
         if rules.registered is not None:
-            # Composite entries are kept (native casts their insides; cross_entropy's
-            # cross_entropy_loss, conv1d.padding), except for a name the list gives itself of
-            # which this torch's key registers nothing: a name newer torch added (rms_norm for
-            # AutocastCUDA before 2.10).
-            registered = [op for op in ops if _ops.has_kernel(op, rules.registered)]
-            ops = [op for op in ops if op in registered
-                   or (rules.keep_composites and _ops.is_composite(op)
-                       and (registered or _ops.op_base_name(op) != name))]
+            # A name of which this torch's key registers nothing is missing here: one newer
+            # torch added (rms_norm for AutocastCUDA before 2.10), or one whose composite
+            # decomposes to registered ops (cross_entropy).
+            ops = [op for op in ops if _ops.has_kernel(op, rules.registered)]
             if not ops:
                 skipped.missing.append(name)
                 continue
@@ -214,26 +210,54 @@ def _warn_unnamed(policy_name: str, key: str, ops: List[OpOverload]) -> None:
 
 # --- overloads to a table -----------------------------------------------------------------------
 
-def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry]) -> None:
-    """Raise ``PolicyError`` naming the first op (in lower-list order) that is on both lists,
-    with the entries that put it there, and how many more there are."""
-    both = [op for op in low if op in f32]
-    if both:
-        op = both[0]
-        more = f" (and {len(both) - 1} more: {', '.join(str(o) for o in both[1:4])}{', ...' if len(both) > 4 else ''})" \
-            if len(both) > 1 else ""
-        raise PolicyError(f"{op} is on both the lower-precision list, as {describe(*low[op])}, "
-                          f"and the FP32 list, as {describe(*f32[op])}; remove it from one{more}")
+#: The lists that give an op one cast policy each (an op on two of them is an error), with how
+#: messages name them, in the order messages report conflicts.
+_EXCLUSIVE = ((CastPolicy.LOWER, "lower", "the lower-precision list"), (CastPolicy.FP32, "fp32", "the FP32 list"),
+              (CastPolicy.FP32_SET_OPT_DTYPE, "fp32_set_opt_dtype", "the fp32_set_opt_dtype list"),
+              (CastPolicy.FP32_APPEND_DTYPE, "fp32_append_dtype", "the fp32_append_dtype list"))
+_LABEL = {action: label for action, _, label in _EXCLUSIVE}
 
 
-def _table(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry],
-           pro: Iterable[OpOverload]) -> Dict[OpOverload, CastPolicy]:
-    """The one table assembly. The lower and FP32 lists take precedence over promote; an
-    in-place overload on the promote list keeps its first input's dtype (``FIRST``)."""
-    check_no_conflict(low, f32)
+def _taking(action: CastPolicy, ops: Dict[OpOverload, Entry]) -> Dict[OpOverload, Entry]:
+    """Of the overloads a name resolved to, those that can take ``action`` (``policy.takes``:
+    ``norm`` on the fp32_append_dtype list is ``norm.Scalar`` and ``norm.ScalarOpt_dim``). A
+    name none of whose overloads can is kept whole, for ``Policy`` to refuse by name."""
+    by_name: Dict[str, List[OpOverload]] = {}
+    for op, (name, _) in ops.items():
+        by_name.setdefault(name, []).append(op)
+    keep = set()
+    for group in by_name.values():
+        keep.update([op for op in group if takes(op, action)] or group)
+    return {op: e for op, e in ops.items() if op in keep}
+
+
+def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry],
+                      **others: Mapping[OpOverload, Entry]) -> None:
+    """Raise ``PolicyError`` naming the first op (in list order) that is on two of the lists
+    (lower, FP32, and by keyword ``fp32_set_opt_dtype``, ``fp32_append_dtype``), with the
+    entries that put it there, and how many more there are."""
+    lists = [(_LABEL[CastPolicy.LOWER], low), (_LABEL[CastPolicy.FP32], f32)]
+    lists += [(_LABEL[CastPolicy(k)], v) for k, v in others.items()]
+    for n, (label_a, a) in enumerate(lists):
+        for label_b, b in lists[n + 1:]:
+            both = [op for op in a if op in b]
+            if both:
+                op = both[0]
+                more = (f" (and {len(both) - 1} more: {', '.join(str(o) for o in both[1:4])}"
+                        f"{', ...' if len(both) > 4 else ''})") if len(both) > 1 else ""
+                raise PolicyError(f"{op} is on both {label_a}, as {describe(*a[op])}, "
+                                  f"and {label_b}, as {describe(*b[op])}; remove it from one{more}")
+
+
+def _table(lists: Mapping[CastPolicy, Mapping[OpOverload, Entry]], pro: Iterable[OpOverload]) -> Dict[OpOverload, CastPolicy]:
+    """The one table assembly. The lower, FP32 and the two float32 dtype lists (which may not
+    share an op) take precedence over promote; an in-place overload on the promote list keeps its
+    first input's dtype (``FIRST``)."""
+    check_no_conflict(lists.get(CastPolicy.LOWER, {}), lists.get(CastPolicy.FP32, {}),
+                      **{a.value: ops for a, ops in lists.items() if a not in (CastPolicy.LOWER, CastPolicy.FP32)})
     table = {op: CastPolicy.FIRST if _ops.is_inplace(op) else CastPolicy.PROMOTE for op in pro}
-    table.update(dict.fromkeys(low, CastPolicy.LOWER))
-    table.update(dict.fromkeys(f32, CastPolicy.FP32))
+    for action, ops in lists.items():
+        table.update(dict.fromkeys(ops, action))
     return table
 
 
@@ -243,38 +267,43 @@ def build_policy(
     lower: Iterable = (),
     fp32: Iterable = (),
     promote: Iterable = (),
+    fp32_set_opt_dtype: Iterable = (),
+    fp32_append_dtype: Iterable = (),
     input_only: Iterable = (),
     banned: Optional[Mapping[str, str]] = None,
     dtypes: tuple = (torch.bfloat16, torch.float16),
     unlisted: Optional[CastPolicy] = None,
     inplace: Optional[CastPolicy] = None,
     device_type: Optional[str] = None,
+    explicit_dtype: str = "leave",
     c_names_only: bool = False,
     warn_ignored: bool = True,
     tolerate_missing: bool = False,
     registered: Optional[str] = None,
-    keep_composites: bool = False,
 ) -> Policy:
     """Build a ``Policy`` from op names.
 
     Each list holds names (see ``hpu_autocast.names``) or ``(name, (file, line))`` pairs,
-    which error messages then cite. ``input_only`` and ``banned`` (name -> the error a call
+    which error messages then cite: ``lower``, ``fp32``, ``promote`` and ATen's two float32
+    dtype policies, ``fp32_set_opt_dtype`` (softmax, sum: an unset dtype argument becomes
+    float32) and ``fp32_append_dtype`` (norm: the overload with a dtype argument is called);
+    ``CastPolicy`` says what each does. ``input_only`` and ``banned`` (name -> the error a call
     raises) name ops of the lists; ``unlisted`` and ``inplace`` are the rules for ops on no
-    list (HMP's first-input rule); ``device_type`` is ``Policy.device_type``. ``c_names_only``
-    applies names as Gaudi's bridge does (Note: what Gaudi's bridge applies); the names it
-    lets go of are warned about once each unless ``warn_ignored`` is false (the ``hpu``
-    preset's own lists). ``tolerate_missing``, ``registered`` and ``keep_composites`` are the
-    presets' version rules (see ``_Rules``); a policy built from what ``registered`` registers
-    reproduces that native autocast, so it is also ``Policy.native``, and an aten overload
-    registered there that the lists do not name is warned about (Note: a native registration
-    the lists do not name).
+    list (HMP's first-input rule); ``device_type`` and ``explicit_dtype`` are ``Policy``'s.
+    ``c_names_only`` applies names as Gaudi's bridge does (Note: what Gaudi's bridge applies);
+    the names it lets go of are warned about once each unless ``warn_ignored`` is false (the
+    ``hpu`` preset's own lists). ``tolerate_missing`` and ``registered`` are the presets'
+    version rules (see ``_Rules``); a policy built from what ``registered`` registers reproduces
+    that native autocast, so it is also ``Policy.native``, and an aten overload registered there
+    that the lists do not name is warned about (Note: a native registration the lists do not name).
     """
-    rules = _Rules(tolerate_missing, registered, keep_composites, c_names_only)
+    rules = _Rules(tolerate_missing, registered, c_names_only)
     skipped = _Skipped()
-    low = _overloads(_entries(lower, "lower"), rules, skipped, "lower")
-    f32 = _overloads(_entries(fp32, "fp32"), rules, skipped, "fp32")
+    given = dict(zip((a for a, _, _ in _EXCLUSIVE), (lower, fp32, fp32_set_opt_dtype, fp32_append_dtype)))
+    lists = {a: _taking(a, _overloads(_entries(names, arg), rules, skipped, arg))
+             for (a, arg, _), names in zip(_EXCLUSIVE, given.values())}
     pro = _overloads(_entries(promote, "promote"), rules, skipped, "promote")
-    table = _table(low, f32, pro)
+    table = _table(lists, pro)
     only = {op for op in _overloads(_entries(input_only, "input_only"), _Rules(), _Skipped(), "input_only")
             if op in table}
     banned = dict(banned or {})
@@ -286,49 +315,49 @@ def build_policy(
                          ignored=_record_ignored(skipped, name, warn_ignored))
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
                   unlisted=unlisted, inplace=inplace, promoted=frozenset(pro), device_type=device_type,
-                  c_names_only=c_names_only, native=registered, record=record)
+                  explicit_dtype=explicit_dtype, c_names_only=c_names_only, native=registered, record=record)
 
 
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
-               promote: Optional[Iterable] = None, name: Optional[str] = None,
+               promote: Optional[Iterable] = None, fp32_set_opt_dtype: Optional[Iterable] = None,
+               fp32_append_dtype: Optional[Iterable] = None, name: Optional[str] = None,
                lower_first: bool = False) -> Policy:
-    """A new policy whose lower, FP32 and/or promote lists are replaced by these names.
+    """A new policy whose lower, FP32, promote, fp32_set_opt_dtype and/or fp32_append_dtype lists
+    are replaced by these names.
 
     Each list holds op names or ``(name, (file, line))`` entries, every one of which must
-    resolve; a list left ``None`` keeps the policy's own. An op on both a given lower list and
-    a given FP32 list is an error naming both entries; an op a given list names leaves the
-    kept default list of the other kind. A policy with ``c_names_only`` (``hpu``) applies the
-    given names as Gaudi's bridge does, and warns once about each it does not apply.
+    resolve; a list left ``None`` keeps the policy's own. An op on two given lists (say lower
+    and FP32) is an error naming both entries; an op a given list names leaves the kept default
+    lists of the other kinds. A policy with ``c_names_only`` (``hpu``) applies the given names as
+    Gaudi's bridge does, and warns once about each it does not apply.
 
     ``lower_first`` is Gaudi's list-file rule instead (``builder.policy_from_bridge_files``): an op
-    on the lower list, given or kept, is lower precision whatever the FP32 list says, as the
+    on the lower list, given or kept, is lower precision whatever the other lists say, as the
     bridge's ``Hpu_KERNEL`` tries the lower list, then FP32, then promote; nothing conflicts.
     """
     rules = _Rules(c_names_only=policy.c_names_only)
     skipped = _Skipped()
-
-    def kept(*actions: CastPolicy) -> Dict[OpOverload, Entry]:
-        return {op: (str(op), None) for op, a in policy.table.items() if a in actions}
-
-    def given(names: Iterable, arg: str) -> Dict[OpOverload, Entry]:
-        return _overloads(_entries(names, arg), rules, skipped, arg)
-
-    low = given(lower, "lower") if lower is not None else kept(CastPolicy.LOWER)
-    f32 = given(fp32, "fp32") if fp32 is not None else kept(CastPolicy.FP32)
+    asked = dict(zip((a for a, _, _ in _EXCLUSIVE), (lower, fp32, fp32_set_opt_dtype, fp32_append_dtype)))
+    lists = {a: _taking(a, _overloads(_entries(asked[a], arg), rules, skipped, arg)) for a, arg, _ in _EXCLUSIVE
+             if asked[a] is not None}
+    named = {op for ops in lists.values() for op in ops}
+    for action, _, _ in _EXCLUSIVE:  # a kept list loses what a given list names (a user's list wins)
+        if action not in lists:
+            lists[action] = {op: (str(op), None) for op, a in policy.table.items()
+                             if a is action and (lower_first or op not in named)}
+    if lower_first:  # the bridge's order: what the lower list names, no other list keeps
+        low = lists[CastPolicy.LOWER]
+        lists = {a: ops if a is CastPolicy.LOWER else {op: e for op, e in ops.items() if op not in low}
+                 for a, ops in lists.items()}
     if promote is not None:
-        pro = given(promote, "promote")
+        pro = _overloads(_entries(promote, "promote"), rules, skipped, "promote")
     else:
-        pro = {**kept(CastPolicy.PROMOTE, CastPolicy.FIRST), **{op: (str(op), None) for op in policy.promoted}}
-    # A user's list wins over a kept default list; two user lists naming one op conflict.
-    if lower_first:
-        f32 = {op: e for op, e in f32.items() if op not in low}
-    elif lower is not None and fp32 is None:
-        f32 = {op: e for op, e in f32.items() if op not in low}
-    elif fp32 is not None and lower is None:
-        low = {op: e for op, e in low.items() if op not in f32}
-    table = _table(low, f32, pro)
+        pro = {op: (str(op), None) for op, a in policy.table.items() if a in (CastPolicy.PROMOTE, CastPolicy.FIRST)}
+        pro.update({op: (str(op), None) for op in policy.promoted})
+    table = _table(lists, pro)
     input_only = {op for op in policy.input_only if table.get(op) is CastPolicy.LOWER}
-    replaced = {arg for arg, names in (("lower", lower), ("fp32", fp32), ("promote", promote)) if names is not None}
+    replaced = {arg for (_, arg, _), names in zip(_EXCLUSIVE, asked.values()) if names is not None}
+    replaced |= {"promote"} if promote is not None else set()
     ignored = tuple(i for i in policy.ignored if i[1] not in replaced) + _record_ignored(skipped, policy.name, True)
     record = dataclasses.replace(policy.record, ignored=ignored)
     return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",

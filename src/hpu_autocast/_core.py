@@ -6,7 +6,7 @@ The core is a faster body for the same decisions, not a second implementation to
 by hand: it reads the compiled policy (``_table``) through one table per policy and device type
 (``table``, built here from the same ``OpRule`` fields the Python kernels read), and it hands
 every call it cannot decide exactly as the Python kernel would to that Python kernel
-(csrc/core.cpp, Note [which calls the core decides]): observing regions, tracing, named in-place
+(``OpRule.core``'s Note: which calls the core decides, and csrc/core.cpp): observing regions, tracing, named in-place
 and ``out=`` overloads, ops left to native autocast, banned ops, errors. Both share one cast
 cache per region (``new_cache``), so a weight cast by either is cast once. Which engine runs is
 decided once per process, at import:
@@ -72,21 +72,20 @@ def new_cache():
 
 
 def _row(rule, index: int, device_type: str) -> tuple:
-    """One rule as the core reads it (csrc/core.cpp's ``Rule``)."""
-    if rule.native is not None or rule.into or rule.banned is not None or rule.action is None:
-        action = _ACTION["PYTHON"]  # Note [which calls the core decides] in csrc/core.cpp
-    else:  # a rule kind the core does not know is the Python kernels' too
-        action = _ACTION.get(rule.action.name, _ACTION["PYTHON"])
-    kinds, dtypes = [], []
+    """One rule as the core reads it (csrc/core.cpp's ``make_rule``). Which rules the core
+    applies is ``OpRule.core`` (Note: which calls the core decides); the rest are ``PYTHON``."""
+    action = _ACTION[rule.action.name if rule.core else "PYTHON"]
+    kinds = []
     for i, a in enumerate(rule.op._schema.arguments):
         if a.kwarg_only:
             kinds.append(_KIND["skip"] if a.name in rule.written_names else _KIND["keyword"])
         else:
             kinds.append(_KIND["written"] if i in rule.protected else _KIND["positional"])
-        if rule.takes_dtype and "ScalarType" in str(getattr(a, "real_type", a.type)):
-            dtypes.append(i)
     input_only = rule.input_only and rule.casts_input_only(device_type)
-    return index, action, input_only, _ops.is_composite(rule.op), kinds, dtypes
+    redispatch = rule.redispatch._schema if rule.redispatch is not None else None
+    redispatch = (redispatch.name, redispatch.overload_name) if redispatch is not None else ("", "")
+    return (index, action, input_only, _ops.is_composite(rule.op), kinds, list(rule.dtype_args), rule.leave_explicit,
+            redispatch)
 
 
 _NO_RULES: dict = {}  # the kinds of regions with no policy (a disable_casts() outside any region)

@@ -100,9 +100,7 @@ _DEVICE_OF_KEY = {getattr(_DK, name): device for name, device in _CANDIDATES}
 # its entry rather than resetting it to "not excluded": calls nest (a kernel's op calls an
 # observer, which calls torch under ``keys_excluded``; a region runs inside a backward whose
 # thread inherited excluded keys), and a reset would switch a key back on inside an outer guard
-# that excluded it. (The fast path, ``_kernels._apply_plain``, resets its one key: a kernel on the
-# ops key runs only while that key is not excluded in its thread, so "not excluded" is what was
-# there; see its comment for why it does not take a guard.)
+# that excluded it.
 class KeyGuard:
     """While open, the calling thread's dispatch excludes the keys ``exclude`` and no longer
     excludes the keys ``unexclude`` (a native autocast key switched on); on exit, each of those

@@ -18,7 +18,6 @@ Data flow of one call (docs/design.md has the long form)::
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Callable, Iterator, Optional, Tuple
 
 import torch
@@ -38,11 +37,7 @@ from .rules import compute_dtype, has_explicit_dtype
 __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
 
 _FLOAT32 = torch.float32
-_FLOAT64 = torch.float64
-_LOWER = CastPolicy.LOWER
-_FP32 = CastPolicy.FP32
 _Tensor = torch.Tensor
-_set_excluded = _torch.set_excluded
 _is_excluded = _torch.is_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
 _cache_on = torch._C.is_autocast_cache_enabled
@@ -64,7 +59,6 @@ def make_kernel(op: OpOverload) -> Callable:
     """The kernel registered on the ops key for ``op``."""
     ops_key = _dispatch._keys.ops
     op_id = id(op)  # rules are keyed by id: an OpOverload's own hash is a Python method
-    call = op._op
 
     tracing = _compile_guard.tracing
     below = _torch.keyset_after(ops_key)
@@ -82,8 +76,6 @@ def make_kernel(op: OpOverload) -> Callable:
         if frame is not None:
             rule = frame.rules.get(op_id)
             if rule is not None:
-                if rule.plain and not kwargs and not frame.region.observes:
-                    return _apply_plain(frame, rule, call, args, ops_key)
                 return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
             if not frame.enabled and frame.region.observer is not None:
                 # torch.autocast(enabled=False) inside an observing region: its ops are reported.
@@ -169,51 +161,99 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 
 # -- one call under a rule: one function per cast policy ---------------------------------------
 # [Note: the rule, per cast policy]
-# As ATen's autocast_mode.cpp, which has one small wrapper per CastPolicy: ``_apply`` looks the
-# rule's policy up in ``_BY_POLICY`` and its function decides the dtype the call computes in;
-# ``_cast_and_call`` then does what every policy does alike (cast the eligible inputs, call with
-# the engine's keys excluded, report). What may be cast is ``rules.eligibility``'s predicate (the
-# region's ``eligible``), asked of each tensor ``_inputs`` yields, here and in the fast path
-# (``_apply_plain``) alike.
+# As ATen's autocast_mode.cpp, which has one small ``WrapFunction_::call`` per CastPolicy: each
+# cast policy is a function (``_TARGET``) that names the dtype the call's eligible inputs are
+# cast to (``None``: none), after changing the call's dtype arguments where the policy does
+# (FP32_SET_OPT_DTYPE sets them, FP32_APPEND_DTYPE calls the overload that takes one); then one
+# walk over the arguments (``_cast_inputs``) casts the eligible ones, and ``_cast_and_call``
+# does what every policy does alike: call with the engine's keys excluded, report. What may be
+# cast is ``rules.eligibility``'s predicate (the region's ``eligible``). csrc/core.cpp has the
+# same shape in C++, and tests/test_cast_spec.py runs the same cases against both.
+class _Call:
+    """One call under a rule, as a cast policy's function sees it: it may change ``op`` (the
+    overload called), ``args`` and ``kwargs`` (the dtype arguments); ``given`` keeps the user's
+    overload, arguments and keyword arguments."""
+
+    __slots__ = ("frame", "rule", "op", "args", "kwargs", "given")
+
+    def __init__(self, frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> None:
+        self.frame, self.rule, self.op, self.args, self.kwargs = frame, rule, op, args, kwargs
+        self.given = (op, args, kwargs)
+
+    def first_eligible(self) -> bool:
+        """ATen's ``firstarg_is_eligible``: the first argument is a tensor the region may cast."""
+        return bool(self.args) and isinstance(self.args[0], _Tensor) and self.frame.region.eligible(self.args[0])
+
+
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """Apply ``rule`` to one call: its cast policy's function decides, casts, calls, reports. A
-    call passing a ``torch.dtype`` is not eligible (seed 003); a rule left to native autocast
-    (``Policy.native``; its action is ``None``) hands the call over."""
-    if rule.takes_dtype and rule.native is None and has_explicit_dtype(args, kwargs):
+    """Apply ``rule`` to one call: its cast policy's function names the target, the walk casts,
+    the op is called, the observer told. A call passing a ``torch.dtype`` under a policy that
+    leaves those alone runs unchanged (seed 003; ``OpRule.leave_explicit``); a rule left to native
+    autocast (``Policy.native``; its action is ``None``) hands the call over."""
+    if rule.action is None:
+        return _to_native(frame, rule, op, args, kwargs, level)
+    if rule.leave_explicit and has_explicit_dtype(args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
-    return _BY_POLICY[rule.action](frame, rule, op, args, kwargs, level)
+    call = _Call(frame, rule, op, args, kwargs)
+    return _cast_and_call(call, level, _TARGET[rule.action](call))
 
 
-def _lower(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
+def _lower(call: _Call) -> torch.dtype:
     """LOWER: every eligible input cast to the region's dtype."""
-    return _cast_and_call(frame, rule, op, args, kwargs, level, frame.dtype)
+    return call.frame.dtype
 
 
-def _fp32(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
+def _fp32(call: _Call) -> torch.dtype:
     """FP32: every eligible input cast to float32."""
-    return _cast_and_call(frame, rule, op, args, kwargs, level, _FLOAT32)
+    return _FLOAT32
 
 
-def _promote(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """PROMOTE: every eligible input cast to the widest eligible dtype (``rules.compute_dtype``);
-    with none eligible, nothing is cast."""
-    return _cast_and_call(frame, rule, op, args, kwargs, level, _decided(CastPolicy.PROMOTE, frame, rule, args, kwargs))
+def _set_opt_dtype(call: _Call) -> None:
+    """FP32_SET_OPT_DTYPE: if the first argument is eligible, each dtype argument the call leaves
+    unset becomes float32 (ATen's ``set_opt_dtype``); nothing is cast."""
+    if call.first_eligible():
+        args, kwargs, names = list(call.args), dict(call.kwargs), call.rule.arg_names
+        for i in call.rule.dtype_args:
+            if i < len(args):
+                args[i] = _FLOAT32 if args[i] is None else args[i]
+            elif kwargs.get(names[i]) is None:
+                kwargs[names[i]] = _FLOAT32
+        call.args, call.kwargs = tuple(args), kwargs
+    return None
 
 
-def _first(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """FIRST: every eligible input cast to the first one's dtype (an in-place ``self``: HPU's iadd)."""
-    return _cast_and_call(frame, rule, op, args, kwargs, level, _decided(CastPolicy.FIRST, frame, rule, args, kwargs))
+def _append_dtype(call: _Call) -> None:
+    """FP32_APPEND_DTYPE: call the overload that takes a dtype (``OpRule.redispatch``) with
+    float32 if the first argument is eligible, else the first argument's dtype (ATen's
+    ``type_from_firstarg``); nothing is cast."""
+    rule, args = call.rule, call.args
+    dtype = _FLOAT32 if call.first_eligible() else args[0].dtype
+    schema = rule.op._schema.arguments
+    full = [args[i] if i < len(args) else call.kwargs.get(a.name, a.default_value) for i, a in enumerate(schema)]
+    call.op = rule.redispatch
+    call.args = tuple(v for v, a in zip(full, schema) if not a.kwarg_only)
+    call.kwargs = {**{a.name: v for v, a in zip(full, schema) if a.kwarg_only},
+                   rule.redispatch._schema.arguments[-1].name: dtype}
+    return None
 
 
-def _decided(action: CastPolicy, frame: Frame, rule: OpRule, args: tuple, kwargs: dict) -> Optional[torch.dtype]:
-    """The dtype PROMOTE or FIRST computes in, from the eligible inputs' dtypes in argument order
-    (``None``: none eligible). An in-place op's ``self`` counts (it is an input too; FIRST takes its
-    dtype); under PROMOTE, other arguments the op writes do not (running statistics)."""
-    region = frame.region
+def _decided(action: CastPolicy, call: _Call) -> Optional[torch.dtype]:
+    """PROMOTE (every eligible input cast to the widest eligible dtype) and FIRST (to the first
+    one's: an in-place ``self``, HPU's iadd): the dtype from the eligible inputs' dtypes in argument
+    order (``rules.compute_dtype``; ``None``: none eligible, nothing cast). An in-place op's
+    ``self`` counts (it is an input too; FIRST takes its dtype); under PROMOTE, other arguments
+    the op writes do not (running statistics)."""
+    region, rule = call.frame.region, call.rule
     protected = rule.protected if action is not CastPolicy.FIRST else ()
-    dtypes = [t.dtype for i, _, t in _inputs(rule, args, kwargs, _input_only(rule, region))
+    dtypes = [t.dtype for i, _, t in _inputs(rule, call.args, call.kwargs, _input_only(rule, region))
               if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)]
-    return compute_dtype(action, dtypes, frame.dtype, rule.name) if dtypes else None
+    return compute_dtype(action, dtypes, call.frame.dtype, rule.name) if dtypes else None
+
+
+#: Each cast policy's function (Note: the rule, per cast policy).
+_TARGET = {CastPolicy.LOWER: _lower, CastPolicy.FP32: _fp32, CastPolicy.FP32_SET_OPT_DTYPE: _set_opt_dtype,
+           CastPolicy.FP32_APPEND_DTYPE: _append_dtype, CastPolicy.PROMOTE: functools.partial(_decided, CastPolicy.PROMOTE),
+           CastPolicy.FIRST: functools.partial(_decided, CastPolicy.FIRST)}
 
 
 def _input_only(rule: OpRule, region) -> bool:
@@ -221,63 +261,99 @@ def _input_only(rule: OpRule, region) -> bool:
 
 
 def _inputs(rule: OpRule, args: tuple, kwargs: dict, input_only: bool) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
-    """The tensors a rule looks at, in argument order, as ``(position, index in a list or None,
-    tensor)`` (a keyword argument's position is its name): an input-only rule looks at its first
-    tensor alone, and what the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
-    for i, a in enumerate(args):
+    """The tensors a rule looks at (``_positions``), in argument order, as ``(position, index in a
+    list or None, tensor)``."""
+    for i in _positions(rule, args, kwargs, input_only):
+        a = kwargs[i] if type(i) is str else args[i]
         if isinstance(a, _Tensor):
             yield i, None, a
-            if input_only:
-                return
-        elif type(a) is list or type(a) is tuple:
-            for j, t in enumerate(a):
-                if isinstance(t, _Tensor):
-                    yield i, j, t
-    if not input_only:
-        for n, v in kwargs.items():
-            if isinstance(v, _Tensor) and n not in rule.written_names:
-                yield n, None, v
+        else:
+            yield from ((i, j, t) for j, t in enumerate(a) if isinstance(t, _Tensor))
 
 
-def _cast_inputs(region, rule: OpRule, args: tuple, kwargs: dict, target: Optional[torch.dtype], lower: bool,
-                 casts: Optional[list]) -> Tuple[tuple, dict, int]:
-    """The call's arguments with its eligible inputs cast to ``target`` (through the cast cache),
-    and how many were eligible. An argument the op writes is never replaced by a copy (its write
-    would be lost); it still counts."""
+def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[list]) -> int:
+    """The one walk: cast the call's eligible inputs to ``target`` (``None``: none; through the
+    cast cache), in place of ``call.args``/``call.kwargs``, and return how many were eligible. An
+    argument the op writes is never replaced by a copy (its write would be lost); it still counts."""
+    region, rule = call.frame.region, call.rule
     is_eligible = region.eligible
     cache = region.cache if _cache_on() else None
-    cast = CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
-    new_args, new_kwargs, eligible = list(args), dict(kwargs), 0
+    cast = CAST.get(target)
+    if cast is None:
+        cast = functools.partial(_Tensor.to, dtype=target)
+    lower = target is call.frame.dtype
+    args, kwargs, eligible = list(call.args), call.kwargs, 0
     # Note [the order of casts]: native casts an op's arguments last to first (they are the
     # arguments of one C++ call, which GCC, torch's Linux compiler, evaluates right to left), so
     # the last argument's ToCopyBackward comes first and autograd runs it last; where one tensor
     # is cast for several arguments, its gradient's float32 sums follow that order. So the
     # arguments are cast last to first too (a list's items in order, as native's loop casts
     # them), and the events list the casts in argument order.
-    inputs = _inputs(rule, args, kwargs, _input_only(rule, region))
-    for argument in reversed([list(g) for _, g in itertools.groupby(inputs, key=lambda e: e[0])]):
-        mine = [] if casts is not None else None
-        for i, j, t in argument:
-            if not is_eligible(t):
+    protected = rule.protected
+    for i in reversed(_positions(rule, args, kwargs, _input_only(rule, region))):
+        a = kwargs[i] if type(i) is str else args[i]
+        if isinstance(a, _Tensor):  # the commonest argument, walked without a list
+            if not is_eligible(a):
                 continue
             eligible += 1
-            if target is None or t.dtype is target or i in rule.protected:
+            if target is None or a.dtype is target or i in protected:
                 continue
-            if type(i) is str:
-                new_kwargs[i] = cached_cast(t, t.dtype, target, cast, cache, mine, i, lower)
-            elif j is None:
-                new_args[i] = cached_cast(t, t.dtype, target, cast, cache, mine, rule.arg_names[i], lower)
+            if casts is None and (cache is None or not a.requires_grad):
+                copy = cast(a)  # no cache entry possible, nothing to report: cached_cast's first test
             else:
-                if new_args[i] is args[i]:
-                    new_args[i] = list(args[i])
-                new_args[i][j] = cached_cast(t, t.dtype, target, cast, cache, mine, f"{rule.arg_names[i]}[{j}]",
-                                             lower)
-        if mine:
-            casts[0:0] = mine
+                mine = [] if casts is not None else None
+                copy = cached_cast(a, a.dtype, target, cast, cache, mine, i if type(i) is str else rule.arg_names[i],
+                                   lower)
+                if mine:
+                    casts[0:0] = mine
+            if type(i) is str:
+                kwargs = dict(kwargs) if kwargs is call.kwargs else kwargs
+                kwargs[i] = copy
+            else:
+                args[i] = copy
+        else:
+            eligible += _cast_list(call, args, i, target, cast, cache, casts, lower)
+    call.args, call.kwargs = args, kwargs
+    return eligible
+
+
+def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], cast: Callable, cache,
+               casts: Optional[list], lower: bool) -> int:
+    """``_cast_inputs`` for a list argument (``cat``'s tensors), its items in order: ``args[i]``
+    becomes a list of the same type with the eligible items cast; returns how many were eligible."""
+    rule, is_eligible, items = call.rule, call.frame.region.eligible, args[i]
+    mine = [] if casts is not None else None
+    copies, eligible = None, 0
+    for j, t in enumerate(items):
+        if not (isinstance(t, _Tensor) and is_eligible(t)):
+            continue
+        eligible += 1
+        if target is None or t.dtype is target or i in rule.protected:
+            continue
+        copies = copies or list(items)
+        copies[j] = cached_cast(t, t.dtype, target, cast, cache, mine, f"{rule.arg_names[i]}[{j}]", lower)
+    if copies is not None:
+        args[i] = type(items)(copies)
+    if mine:
+        casts[0:0] = mine
+    return eligible
+
+
+def _positions(rule: OpRule, args: list, kwargs: dict, input_only: bool) -> list:
+    """Where the tensors a rule looks at are, in argument order (a keyword argument's position is
+    its name): a tensor or a list of them; an input-only rule stops at its first tensor, and what
+    the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
+    out = []
     for i, a in enumerate(args):
-        if type(a) is tuple and new_args[i] is not a:
-            new_args[i] = tuple(new_args[i])
-    return new_args, new_kwargs, eligible
+        if isinstance(a, _Tensor):
+            out.append(i)
+            if input_only:
+                return out
+        elif type(a) is list or type(a) is tuple:
+            out.append(i)
+    if not input_only:
+        out += [n for n, v in kwargs.items() if isinstance(v, _Tensor) and n not in rule.written_names]
+    return out
 
 
 def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
@@ -288,84 +364,50 @@ def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
                for _, _, t in _inputs(rule, args, kwargs, _input_only(rule, region)))
 
 
-def _cast_and_call(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,
-                   target: Optional[torch.dtype]):
+def _cast_and_call(call: _Call, level: Level, target: Optional[torch.dtype]):
     """What every cast policy does alike: with the engine's keys excluded (the call's insides are
     its own, as native autocast excludes its key), cast the eligible inputs to ``target`` (``None``:
-    none), call, report. A call with no floating tensor of the region's device goes on as if the
-    engine were not there (no event)."""
-    region = frame.region
+    none), call (into copies for a named in-place or ``out=`` overload), report. A call with no
+    floating tensor of the region's device goes on as the user made it, as if the engine were not
+    there (no event)."""
+    rule, region = call.rule, call.frame.region
+    op, args, kwargs = call.given
     casts = [] if region.observer is not None else None
     k = _dispatch._keys
     with KeyGuard((k.ops, k.all)):
-        new_args, new_kwargs, eligible = _cast_inputs(region, rule, args, kwargs, target, target is frame.dtype, casts)
-        if eligible or _reached(region, rule, args, kwargs):
-            return _call(frame, rule, op, args, kwargs, level, target, new_args, new_kwargs, eligible, casts)
-    return _pass_on(op, args, kwargs, k.ops, k.all)
-
-
-def _call(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,
-          target: Optional[torch.dtype], new_args: list, new_kwargs: dict, eligible: int, casts: Optional[list]):
-    """Call the op on its cast arguments (into copies for a named in-place or ``out=`` overload),
-    and report (``_cast_and_call``, with the engine's keys excluded)."""
-    if rule.banned is not None:
+        eligible = _cast_inputs(call, target, casts)
+        if not (eligible or _reached(region, rule, args, kwargs)):
+            return _pass_on(op, args, kwargs, k.ops, k.all)
+        if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
-    if rule.into and target is not None:
-        new_args, new_kwargs, written = into(rule, new_args, new_kwargs, target, frame.region.eligible)
-        out = op._op(*new_args, **new_kwargs)
-        if written:
-            out = write_back(written, out)
-    else:
-        out = op._op(*new_args, **new_kwargs)
-    observer = frame.region.observer
-    if observer is not None:
-        if eligible:
-            # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
-            # promoted the result beyond it.
-            event = Event(op, level, Outcome.CAST, rule.action, rule.default, None, input_dtypes(args, kwargs),
-                          first_floating(out) or target, tuple(casts), args, kwargs)
-        else:  # every floating input on the device is float64
-            event = Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, "float64",
-                          input_dtypes(args, kwargs), first_floating(out), (), args, kwargs)
-        observer(event)
+        out = _call_op(call, target)
+        if region.observer is not None:
+            region.observer(_event(call, op, level, target, args, kwargs, out, eligible, casts))
     return out
 
 
-def _apply_plain(frame: Frame, rule: OpRule, call: Callable, args: tuple, ops_key):
-    """``_apply`` for the commonest call, specialised: a LOWER or FP32 rule with nothing else to
-    consider (``OpRule.plain``), positional arguments, a region that does not observe (so the
-    fallback's key needs no switching off). The same decisions, fewer steps: the cost of a cast
-    op is this function. List arguments (``cat``) and calls with no eligible input go the long way."""
-    lower = rule.action is _LOWER
-    target = frame.dtype if lower else _FLOAT32
-    cast = CAST[target]
-    region = frame.region
-    is_eligible = region.eligible
-    cache = region.cache if _cache_on() else None
-    new_args = list(args)
-    eligible = False
-    for i in range(len(args) - 1, -1, -1):  # last to first, as native (Note [the order of casts])
-        a = args[i]
-        if isinstance(a, _Tensor):
-            if is_eligible(a):
-                eligible = True
-                dt = a.dtype
-                if dt is not target:
-                    if cache is not None and a.requires_grad:  # cached_cast's first test, done here: the hot path
-                        new_args[i] = cached_cast(a, dt, target, cast, cache, None, "", lower)
-                    else:
-                        new_args[i] = cast(a)
-        elif type(a) is list or type(a) is tuple:
-            return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
-    if not eligible:
-        return _apply(frame, rule, rule.op, args, {}, Level.KERNEL)
-    # Not a KeyGuard: its ~0.4 us would be 7% of a cast op; the one key is switched by hand and
-    # reset, which restores it (Note: excluding keys around a call, in _dispatch).
-    _set_excluded(ops_key, True)
-    try:
-        return call(*new_args)
-    finally:
-        _set_excluded(ops_key, False)
+def _call_op(call: _Call, target: Optional[torch.dtype]):
+    """Call ``call.op`` on its arguments; a named in-place or ``out=`` overload computes into
+    copies in ``target``, written back (``_inplace``)."""
+    if call.rule.into and target is not None:
+        args, kwargs, written = into(call.rule, call.args, call.kwargs, target, call.frame.region.eligible)
+        out = call.op._op(*args, **kwargs)
+        return write_back(written, out) if written else out
+    return call.op._op(*call.args, **call.kwargs)
+
+
+def _event(call: _Call, op: OpOverload, level: Level, target: Optional[torch.dtype], args: tuple, kwargs: dict,
+           out, eligible: int, casts: list) -> Event:
+    """What the observer hears of a call a rule applied to (the user's ``args`` and ``kwargs``)."""
+    rule = call.rule
+    if eligible:
+        # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
+        # promoted the result beyond it.
+        return Event(op, level, Outcome.CAST, rule.action, rule.default, None, input_dtypes(args, kwargs),
+                     first_floating(out) or target, tuple(casts), args, kwargs)
+    # every floating input on the device is float64
+    return Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, "float64",
+                 input_dtypes(args, kwargs), first_floating(out), (), args, kwargs)
 
 
 def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
@@ -404,7 +446,3 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
                            input_dtypes(args, kwargs), first_floating(out), (), args, kwargs))
         return out
 
-
-#: The function for each rule's cast policy (``None``: a rule left to native autocast).
-_BY_POLICY = {CastPolicy.LOWER: _lower, CastPolicy.FP32: _fp32, CastPolicy.PROMOTE: _promote,
-              CastPolicy.FIRST: _first, None: _to_native}

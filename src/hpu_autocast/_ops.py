@@ -195,3 +195,53 @@ def registered_for(key: str, namespace: str = "aten") -> List[OpOverload]:
     ops = (overload_named(q) for q in _torch.registrations_for(key)
            if q.startswith(prefix))
     return sorted((op for op in ops if op is not None), key=str)
+
+
+# --- the dtype arguments (the float32 dtype policies and explicit dtype arguments) ---------------
+
+#: [Note: fp32_append_dtype's redispatch table] ATen's ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``
+#: (autocast_mode.h) as data: each overload with no dtype argument that ``fp32_append_dtype``
+#: casts, and the sibling overload it calls instead, with the dtype appended (ATen registers
+#: both for CUDA and XPU; the Dimname twins, ``names_ScalarOpt_dim``, are not operators Python
+#: can reach in torch 2.13). Each sibling's arguments are its source's plus one trailing
+#: ``ScalarType dtype`` (``append_dtype_overload`` checks it).
+APPEND_DTYPE = {
+    "aten::norm.Scalar": "aten::norm.ScalarOpt_dtype",
+    "aten::norm.ScalarOpt_dim": "aten::norm.ScalarOpt_dim_dtype",
+}
+
+
+def _is_dtype(a) -> bool:
+    return "ScalarType" in str(getattr(a, "real_type", a.type))
+
+
+def dtype_positions(op: OpOverload) -> tuple:
+    """Positions of ``op``'s arguments typed ``ScalarType`` or ``ScalarType?`` (a call passing
+    one there passes an explicit dtype)."""
+    return tuple(i for i, a in enumerate(op._schema.arguments) if _is_dtype(a))
+
+
+def optional_dtype_positions(op: OpOverload) -> tuple:
+    """Positions of ``op``'s ``ScalarType?`` arguments: what ``fp32_set_opt_dtype`` sets."""
+    return tuple(i for i, a in enumerate(op._schema.arguments)
+                 if _is_dtype(a) and isinstance(a.type, torch._C.OptionalType))
+
+
+def first_is_tensor(op: OpOverload) -> bool:
+    """Whether ``op``'s first argument is a ``Tensor`` (the float32 dtype policies read it)."""
+    args = op._schema.arguments
+    return bool(args) and isinstance(args[0].type, torch._C.TensorType)
+
+
+@functools.lru_cache(maxsize=None)
+def append_dtype_overload(op: OpOverload) -> Optional[OpOverload]:
+    """The overload ``fp32_append_dtype`` calls for ``op`` (``APPEND_DTYPE``), or ``None``: none
+    listed, or one whose arguments are not ``op``'s plus a trailing dtype."""
+    name = APPEND_DTYPE.get(op.name())
+    target = overload_named(name) if name is not None else None
+    if target is None:
+        return None
+    mine, theirs = op._schema.arguments, target._schema.arguments
+    if len(theirs) != len(mine) + 1 or not _is_dtype(theirs[-1]) or isinstance(theirs[-1].type, torch._C.OptionalType):
+        return None
+    return target

@@ -23,14 +23,20 @@ from .policy import CastPolicy, Policy
 __all__ = ["OpRule", "CompiledPolicy", "compile_policy"]
 
 
+#: The cast policies the explicit-dtype rule (``Policy.explicit_dtype``) applies to; the two
+#: float32 dtype policies read dtype arguments themselves.
+_CASTING = frozenset({CastPolicy.LOWER, CastPolicy.FP32, CastPolicy.PROMOTE, CastPolicy.FIRST})
+
+
 class OpRule:
     """How one overload is handled."""
 
     __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "written_names", "into", "banned",
-                 "arg_names", "takes_dtype", "default", "native", "plain")
+                 "arg_names", "leave_explicit", "dtype_args", "redispatch", "default", "native", "core")
 
     def __init__(self, op: OpOverload, action: Optional[CastPolicy], input_only: bool = False,
-                 banned: Optional[str] = None, default: Optional[str] = None, native=None) -> None:
+                 banned: Optional[str] = None, default: Optional[str] = None, native=None,
+                 explicit_dtype: str = "leave") -> None:
         self.op = op
         self.name = str(op)
         self.action = action
@@ -46,8 +52,16 @@ class OpRule:
         self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
-        #: Whether a call can pass a dtype (then it has no rule: seed 003's explicit ``dtype=``).
-        self.takes_dtype = any("ScalarType" in str(getattr(a, "real_type", a.type)) for a in op._schema.arguments)
+        #: Whether a call passing a ``torch.dtype`` runs unchanged (``Policy.explicit_dtype`` is
+        #: ``"leave"``, seed 003's rule, and the rule casts).
+        self.leave_explicit = (explicit_dtype == "leave" and action in _CASTING and native is None
+                               and bool(_ops.dtype_positions(op)))
+        #: The dtype arguments the rule reads: FP32_SET_OPT_DTYPE's optional ones (which it sets),
+        #: or, where ``leave_explicit``, every one (a call passing one runs unchanged).
+        self.dtype_args = (_ops.optional_dtype_positions(op) if action is CastPolicy.FP32_SET_OPT_DTYPE
+                           else _ops.dtype_positions(op) if self.leave_explicit else ())
+        #: FP32_APPEND_DTYPE's overload with the dtype argument (``_ops.APPEND_DTYPE``).
+        self.redispatch = _ops.append_dtype_overload(op) if action is CastPolicy.FP32_APPEND_DTYPE else None
         #: Which of the policy's defaults for ops on no list made this rule (HMP): ``"unlisted"``
         #: (functional ops) or ``"in-place"``; ``"fused"`` for a fused fast path (Note [fused fast
         #: paths] in _ops); ``None`` for a rule of the table.
@@ -55,10 +69,12 @@ class OpRule:
         #: The native autocast key this op is left to (``Policy.native``; its action is then
         #: ``None``): the kernel registered there casts as it was registered to.
         self.native = native
-        #: LOWER or FP32 with nothing else to consider (no written argument, no dtype argument,
-        #: no input-only rule, no ban): the engine's fast path (``_kernels._apply_plain``).
-        self.plain = (action in (CastPolicy.LOWER, CastPolicy.FP32) and not self.protected and not self.takes_dtype
-                      and not input_only and banned is None and native is None)
+        #: [Note: which calls the core decides] The one place that says which rules the C++ core
+        #: applies itself: all but those left to native autocast, banned ops (their error), and
+        #: named in-place and ``out=`` overloads (computed into copies, ``_inplace``), which it
+        #: hands to the Python kernels. (At each call the core also hands over what only Python
+        #: can see: csrc/core.cpp's ``Kernel::operator()``.)
+        self.core = action is not None and native is None and banned is None and not self.into
 
     def casts_input_only(self, device_type: str) -> bool:
         """Whether a call on ``device_type`` casts its first tensor alone (weight and bias keep
@@ -96,11 +112,12 @@ class CompiledPolicy:
         self.policy = policy
         banned = policy.banned
         self.rules: Dict[OpOverload, OpRule] = {
-            op: OpRule(op, action, op in policy.input_only, banned.get(op)) for op, action in policy.table.items()
+            op: OpRule(op, action, op in policy.input_only, banned.get(op), explicit_dtype=policy.explicit_dtype)
+            for op, action in policy.table.items()
         }
         for op, message in banned.items():
             if op not in self.rules:
-                self.rules[op] = OpRule(op, CastPolicy.FP32, False, message)
+                self.rules[op] = OpRule(op, CastPolicy.FP32, False, message, explicit_dtype=policy.explicit_dtype)
         if policy.native is None:  # Note [fused fast paths] (_ops)
             for name in _ops.FUSED_FAST_PATHS:
                 packet = getattr(torch.ops.aten, name, None)
@@ -161,7 +178,7 @@ class CompiledPolicy:
             else:
                 action, which = (self.policy.unlisted if _ops.is_functional(op) else None), "unlisted"
             if action is not None:
-                rule = OpRule(op, action, default=which)
+                rule = OpRule(op, action, default=which, explicit_dtype=self.policy.explicit_dtype)
         self._defaults[op] = rule
         return rule
 

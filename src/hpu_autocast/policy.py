@@ -18,33 +18,57 @@ from torch._ops import OpOverload
 
 from . import _ops
 
-__all__ = ["CastPolicy", "Policy", "BuildRecord"]
+__all__ = ["CastPolicy", "Policy", "BuildRecord", "EXPLICIT_DTYPE"]
 
 
 class CastPolicy(enum.Enum):
-    """What happens to an eligible call of an op in the table.
+    """What happens to an eligible call of an op in the table: ATen's five cast policies
+    (``CastPolicy`` in ``aten/src/ATen/autocast_mode.h``, one ``WrapFunction_`` each) and
+    Gaudi's lower-first.
 
-    Eligible tensors are floating, not float64, and not written by the op; everything else
-    (integer and bool tensors, float64 tensors, Python scalars) passes through unchanged.
+    Eligible tensors are floating, not float64, on the region's device, and not written by the
+    op; everything else (integer and bool tensors, float64 tensors, Python scalars) passes
+    through unchanged.
     """
 
-    #: Every eligible tensor input is cast to the region's lower-precision dtype; the op
-    #: computes, and returns, that dtype.
+    #: ATen's ``lower_precision_fp``: every eligible tensor input is cast to the region's
+    #: lower-precision dtype; the op computes, and returns, that dtype.
     LOWER = "lower"
-    #: Every eligible tensor input is cast to float32; the op computes in float32.
+    #: ATen's ``fp32``: every eligible tensor input is cast to float32; the op computes in
+    #: float32.
     FP32 = "fp32"
-    #: Every eligible tensor input is cast to the widest floating dtype among them: float32 if
-    #: any is float32, else the region's dtype; if they already agree, nothing is cast. Another
-    #: lower dtype (a bfloat16 input in a float16 region) raises ``rules.PromoteError``, as
-    #: native autocast does.
+    #: ATen's ``fp32_set_opt_dtype``, for ops (softmax, sum, cumsum) with an optional dtype
+    #: argument that sets their output type: if the first argument is an eligible tensor, every
+    #: optional dtype argument the call leaves unset becomes float32 and nothing is cast (the op
+    #: reads its lower-precision input and computes in float32); one the call sets is kept. If
+    #: the first argument is not eligible, the call runs unchanged.
+    FP32_SET_OPT_DTYPE = "fp32_set_opt_dtype"
+    #: ATen's ``fp32_append_dtype``, for overloads with no dtype argument (``norm.Scalar``)
+    #: whose sibling overload takes one (``norm.ScalarOpt_dtype``): the call goes to that
+    #: sibling (``_ops.APPEND_DTYPE``) with dtype float32 if the first argument is an eligible
+    #: tensor, else the first argument's own dtype; nothing is cast.
+    FP32_APPEND_DTYPE = "fp32_append_dtype"
+    #: ATen's ``promote``: every eligible tensor input is cast to the widest floating dtype
+    #: among them: float32 if any is float32, else the region's dtype; if they already agree,
+    #: nothing is cast. Another lower dtype (a bfloat16 input in a float16 region) raises
+    #: ``rules.PromoteError``, as native autocast does.
     PROMOTE = "promote"
-    #: Every eligible tensor input is cast to the dtype of the first eligible tensor input.
-    #: Given to in-place ops on a promote list (their output is their first input, whose dtype
-    #: cannot change) and, by HMP, to ops on no list.
+    #: Gaudi's and HMP's lower-first: every eligible tensor input is cast to the dtype of the
+    #: first eligible tensor input. Given to in-place ops on a promote list (their output is
+    #: their first input, whose dtype cannot change) and, by HMP, to ops on no list.
     FIRST = "first"
 
     def __str__(self) -> str:
         return self.value
+
+
+#: What a call passing a ``torch.dtype`` argument to a LOWER, FP32, PROMOTE or FIRST op gets
+#: (``Policy.explicit_dtype``): ``"leave"``, the rule torch.amp's documentation states (seed
+#: 003: "Ops called with an explicit dtype=... argument are not eligible"): the call runs
+#: unchanged; ``"cast"``, what ATen's ``WrapFunction_`` and Gaudi's ``Hpu_WrapFunction_``
+#: really do: the eligible tensors are cast whatever the other arguments say. (The two
+#: float32 dtype policies have their own rule for dtype arguments.)
+EXPLICIT_DTYPE = ("leave", "cast")
 
 
 _ACCEPTED = ", ".join(f"CastPolicy.{a.name} or {a.value!r}" for a in CastPolicy)
@@ -60,6 +84,29 @@ def _action(value: object, where: str) -> CastPolicy:
         except ValueError:
             pass
     raise ValueError(f"{where} = {value!r} is not a cast policy; accepted: {_ACCEPTED}")
+
+
+def takes(op: OpOverload, action: CastPolicy) -> bool:
+    """Whether ``op`` can take ``action``: the two float32 dtype policies need a functional
+    overload with a first tensor argument and a dtype argument to set (FP32_SET_OPT_DTYPE) or a
+    sibling overload to go to (FP32_APPEND_DTYPE); the others take any op."""
+    if action is CastPolicy.FP32_SET_OPT_DTYPE:
+        return (_ops.first_is_tensor(op) and bool(_ops.optional_dtype_positions(op))
+                and not (_ops.is_out(op) or _ops.is_inplace(op)))
+    if action is CastPolicy.FP32_APPEND_DTYPE:
+        return _ops.first_is_tensor(op) and _ops.append_dtype_overload(op) is not None
+    return True
+
+
+def _check_kind(op: OpOverload, action: CastPolicy, policy: str) -> None:
+    """Raise ``ValueError`` naming ``op`` if it cannot take ``action`` (``takes``)."""
+    if takes(op, action):
+        return
+    if action is CastPolicy.FP32_SET_OPT_DTYPE:
+        need = "a functional overload with a first Tensor argument and an optional dtype argument (ScalarType?)"
+    else:
+        need = f"an entry in ATen's redispatch table, one of: {', '.join(sorted(_ops.APPEND_DTYPE))}"
+    raise ValueError(f"Policy {policy!r}: {op} cannot be {action.value}: that cast policy needs {need}")
 
 
 def _overload(key: object, where: str) -> OpOverload:
@@ -131,6 +178,9 @@ class Policy:
     #: Apply only list names that are C++ function names of functional ops, as Gaudi's bridge
     #: does (the ``hpu`` preset); ``with_lists`` keeps this for the lists it is given.
     c_names_only: bool = False
+    #: What a call passing a ``torch.dtype`` to a LOWER, FP32, PROMOTE or FIRST op gets:
+    #: ``"leave"`` (runs unchanged) or ``"cast"`` (cast as any other call); see ``EXPLICIT_DTYPE``.
+    explicit_dtype: str = "leave"
     #: What the build let go of (``BuildRecord``); not part of the value.
     record: BuildRecord = field(default=BuildRecord(), compare=False, repr=False)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
@@ -156,6 +206,11 @@ class Policy:
         for name in ("unlisted", "inplace"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _action(getattr(self, name), f"Policy {self.name!r}: {name}"))
+        if self.explicit_dtype not in EXPLICIT_DTYPE:
+            raise ValueError(f"Policy {self.name!r}: explicit_dtype = {self.explicit_dtype!r}; accepted: "
+                             f"{' or '.join(map(repr, EXPLICIT_DTYPE))}")
+        for op, action in table.items():
+            _check_kind(op, action, self.name)
         # Once: a region's entry looks the policy up in compile_policy's cache.
         object.__setattr__(self, "_hash", hash((self.name, tuple(sorted((str(k), v.value) for k, v in table.items())))))
 

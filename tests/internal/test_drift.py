@@ -10,7 +10,10 @@ The presets' lists are the union over torch versions; the loader keeps what this
 * an overload the lists do not name fails that check, and building the preset warns about it;
 * ``torch-cuda`` casts as ``torch.autocast("cuda")`` does, sample by sample, by the dtypes and
   shapes of the outputs, on fake CUDA tensors (``FakeTensorMode`` makes them without a GPU, and
-  they reach the ``AutocastCUDA`` kernels), and bit for bit on real ones where CUDA is present.
+  they reach the ``AutocastCUDA`` kernels), and bit for bit on real ones where CUDA is present;
+* each registered op gets the cast policy native applies: the ATen calls that reach below
+  autocast (overload, input dtypes, dtype arguments) equal native's, on fake CUDA tensors for
+  ``torch-cuda`` and real CPU ones for ``torch-cpu``.
 
 For ``torch-cpu`` the parity suite (test_parity_ops) also runs every entry bit for bit.
 """
@@ -25,6 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from _below import NativeCUDA, trace
 from _parity import VARIANTS
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset
@@ -216,3 +220,35 @@ def test_torch_cuda_matches_native(name, dtype):
     for x, y in zip(a, b):
         if isinstance(x, torch.Tensor):
             torch.testing.assert_close(y, x, rtol=0, atol=0, equal_nan=True)
+
+
+# --- each registered op gets the kind native applies: the calls below autocast -------------------
+# The output dtypes above cannot tell fp32 from fp32_set_opt_dtype (both compute in float32);
+# the calls that reach below autocast can (the input cast, or a dtype argument): overload, input
+# dtypes and dtype arguments, recorded by a wrapper subclass (tests/_below.py).
+
+CPU_NAMES = sorted({op_base_name(op) for op in get_preset("torch-cpu").table} & set(SAMPLES))
+
+
+@pytest.mark.parametrize("variant", ["f32", "lower", "mixed"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", CUDA_NAMES)
+def test_torch_cuda_reaches_below_autocast_as_native_on_fake_cuda_tensors(name, dtype, variant):
+    fn, args, kwargs = build(name)
+    args, kwargs = tree_map(VARIANTS[variant](dtype), (args, kwargs))
+    native, native_err = trace(fn, args, kwargs, NativeCUDA(dtype), "cuda")
+    ours, err = trace(fn, args, kwargs, HpuAutocastMode(dtype, policy="torch-cuda"), "cuda")
+    assert err is native_err, f"{name}: native raised {native_err}, ours {err}"
+    assert ours == native
+
+
+@pytest.mark.parametrize("variant", ["f32", "lower", "mixed"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", CPU_NAMES)
+def test_torch_cpu_reaches_below_autocast_as_native(name, dtype, variant):
+    fn, args, kwargs = build(name)
+    args, kwargs = tree_map(VARIANTS[variant](dtype), (args, kwargs))
+    native, native_err = trace(fn, args, kwargs, torch.autocast("cpu", dtype=dtype), "cpu")
+    ours, err = trace(fn, args, kwargs, HpuAutocastMode(dtype, policy="torch-cpu"), "cpu")
+    assert err is native_err, f"{name}: native raised {native_err}, ours {err}"
+    assert ours == native

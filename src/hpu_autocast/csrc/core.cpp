@@ -1,24 +1,24 @@
 // The C++ core: the engine's kernel on the ops key, for regions that do not observe.
 //
-// What it does is what the Python kernels do (``_kernels``: ``_apply``, ``_cast_inputs``,
-// ``_cast_and_call``), rule for rule, in C++: one generic *boxed* kernel, registered per policy
-// overload on the borrowed ops key, looks the overload up in the region's compiled table and
-// casts the eligible tensors on the dispatcher's stack, last to first, through the region's
-// cast cache (native's rules), then calls the op with the engine's keys excluded. docs/design.md
+// What it does is what the Python kernels do (``_kernels``: ``_apply``, ``_TARGET``,
+// ``_cast_inputs``, ``_cast_and_call``), in the same shape, in C++: one generic *boxed* kernel,
+// registered per policy overload on the borrowed ops key, looks the overload up in the region's
+// compiled table; its cast policy's function (``kPolicies``) names the target dtype or changes
+// the dtype arguments; one walk casts the eligible tensors on the dispatcher's stack, last to
+// first, through the region's cast cache (native's rules); then the op is called with the
+// engine's keys excluded. docs/design.md
 // ("The C++ core") has the long form; this file's Notes say why each piece is as it is.
 //
-// [Note: which calls the core decides] The kernel decides a call only when it can do exactly
-// what the Python kernel would; every other call is handed to the Python kernel (``to_python``),
-// which then decides it as it always did:
+// Which rules the core applies is decided once, in Python (``OpRule.core``, Note: which calls
+// the core decides, in _table); ``_core._row`` writes the others as ``kPython``. At each call the
+// kernel also hands to the Python kernel (``to_python``) what only Python can see:
 //   * no frame set for this thread by ``set_frame`` (an autograd worker thread, a thread that
 //     never opened a region), or a frame set in another Python context than the running one
 //     (an asyncio task, ``contextvars.Context.run``): Python reads the context's own frame;
 //   * the frame's region closed (an exit out of order) or observes (it is never set here then);
 //   * a TorchDispatchMode is active (tracing for torch.compile, FLOP counting): the Python
 //     kernel installs the compile guard and runs under the mode as before;
-//   * rules the core leaves to Python: named in-place and ``out=`` overloads (computed into
-//     copies, ``_inplace``), ops left to native autocast, banned ops (their error), and a
-//     PROMOTE that meets a dtype it cannot promote (its error).
+//   * a PROMOTE that meets a dtype it cannot promote (its error).
 // A call whose region has no rule for the op is passed on below the ops key, as the Python
 // kernel passes it on.
 //
@@ -59,9 +59,11 @@ using c10::DispatchKeySet;
 using c10::IValue;
 using torch::jit::Stack;
 
-// The rule kinds of ``CastPolicy`` the core applies (``kNone``: no rule; ``kPython``: a rule the
-// core leaves to the Python kernel, Note [which calls the core decides]).
-enum Action : int8_t { kNone = -1, kLower = 0, kFp32 = 1, kPromote = 2, kFirst = 3, kPython = 4 };
+// The cast policies (``CastPolicy``; ``kNone``: no rule; ``kPython``: a rule the core hands to
+// the Python kernel, ``OpRule.core``'s Note: which calls the core decides).
+enum Action : int8_t {
+  kNone = -1, kLower = 0, kFp32 = 1, kSetOptDtype = 2, kAppendDtype = 3, kPromote = 4, kFirst = 5, kPython = 6
+};
 
 // What one schema argument is to the rule (``_kernels._inputs``): a positional input (a tensor
 // or a list of them), a positional argument the op writes (counted, never replaced by a copy,
@@ -71,10 +73,12 @@ enum Kind : int8_t { kPositional = 0, kWritten = 1, kKeyword = 2, kSkip = 3 };
 
 struct Rule {
   Action action = kNone;
-  bool input_only = false;     // casts its first tensor alone (Gaudi's norms), on this device
-  bool composite = false;      // decomposes above autograd (``_ops.is_composite``)
-  std::vector<int8_t> kinds;   // per schema argument
-  std::vector<int> dtype_args; // arguments typed ScalarType: a call passing one is not cast (seed 003)
+  bool input_only = false;      // casts its first tensor alone (Gaudi's norms), on this device
+  bool composite = false;       // decomposes above autograd (``_ops.is_composite``)
+  bool leave_explicit = false;  // a call passing a dtype runs unchanged (``OpRule.leave_explicit``)
+  std::vector<int8_t> kinds;    // per schema argument
+  std::vector<int> dtype_args;  // ``OpRule.dtype_args``: the dtype arguments the rule reads
+  std::optional<c10::OperatorHandle> redispatch;  // FP32_APPEND_DTYPE's overload with a dtype
 };
 
 // A compiled policy for one device type: rules by op index (``Kernel::index``).
@@ -251,18 +255,71 @@ struct Kernel final : c10::OperatorKernel {
   }
 
   void apply(const Rule& rule, const Frame& f, const c10::OperatorHandle& op, DispatchKeySet ks, Stack* stack) const;
+  void go_on(const Rule& rule, const Region& region, const c10::OperatorHandle& op, DispatchKeySet ks,
+             Stack* stack) const;
 
   size_t index;
   DispatchKey ops_key;
   PyObject* python;  // the Python kernel (a strong reference, kept for the life of the process)
 };
 
+// --- one call under a rule: one function per cast policy (``_kernels``' Note: the rule, per
+// cast policy), as ATen's ``WrapFunction_::call`` -------------------------------------------------
+
+// One call the kernel decides, as a cast policy's function sees it: it may change the dtype
+// arguments on the stack, the overload called, and a dtype to append as its last argument.
+struct Call {
+  const Rule& rule;
+  const Frame& f;
+  Stack* stack;
+  size_t n;                                // the op's arguments: the top ``n`` of the stack
+  const c10::OperatorHandle* op;           // the overload called
+  std::optional<at::ScalarType> appended;  // pushed as the last argument before the call
+
+  IValue* args() const { return &*(stack->end() - n); }
+  // ATen's ``firstarg_is_eligible``.
+  bool first_eligible() const {
+    const IValue& a = args()[0];
+    return a.isTensor() && a.toTensor().defined() && eligible(a.toTensor(), f.region->device);
+  }
+};
+
+using Target = std::optional<at::ScalarType>;  // the dtype eligible inputs are cast to; none: none
+
+// Each cast policy's function names the target; false hands the call to Python.
+bool lower(Call& c, Target& target) {
+  target = c.f.dtype;
+  return true;
+}
+
+bool fp32(Call&, Target& target) {
+  target = at::kFloat;
+  return true;
+}
+
+// ATen's ``set_opt_dtype``: an unset dtype argument becomes float32 if the first is eligible.
+bool set_opt_dtype(Call& c, Target&) {
+  if (!c.first_eligible()) return true;
+  for (int i : c.rule.dtype_args) {
+    if (c.args()[i].isNone()) c.args()[i] = IValue(static_cast<int64_t>(at::kFloat));
+  }
+  return true;
+}
+
+// ATen's ``type_from_firstarg``, appended to the call of the overload that takes a dtype.
+bool append_dtype(Call& c, Target&) {
+  c.appended = c.first_eligible() ? at::kFloat : c.args()[0].toTensor().scalar_type();
+  c.op = &*c.rule.redispatch;
+  return true;
+}
+
 // PROMOTE's and FIRST's dtype (``_kernels._decided`` and ``rules.compute_dtype``); false when
 // PROMOTE meets a dtype it cannot promote (the Python kernel then raises its error).
-bool decided(const Rule& rule, const Frame& f, const IValue* args, size_t n, std::optional<at::ScalarType>& out) {
-  const c10::DeviceType device = f.region->device;
+bool decided(Call& c, Target& out) {
+  const c10::DeviceType device = c.f.region->device;
+  const Rule& rule = c.rule;
   bool ok = true;
-  for_each_input(rule, args, n, [&](size_t i, const at::Tensor& t) {
+  for_each_input(rule, c.args(), c.n, [&](size_t i, const at::Tensor& t) {
     if (!ok || !eligible(t, device)) return;
     if (rule.action == kFirst) {
       if (!out) out = t.scalar_type();
@@ -272,8 +329,8 @@ bool decided(const Rule& rule, const Frame& f, const IValue* args, size_t n, std
     const auto d = t.scalar_type();
     if (out == at::kFloat || d == at::kFloat) {
       out = at::kFloat;
-    } else if (d == f.dtype) {
-      out = f.dtype;
+    } else if (d == c.f.dtype) {
+      out = c.f.dtype;
     } else {
       ok = false;
     }
@@ -281,101 +338,111 @@ bool decided(const Rule& rule, const Frame& f, const IValue* args, size_t n, std
   return ok;
 }
 
-inline at::Tensor cast(const at::Tensor& t, at::ScalarType target, bool lower, Cache* cache) {
-  if (cache != nullptr && lower && t.scalar_type() == at::kFloat && t.requires_grad() && t.is_leaf() &&
-      !t.is_view() && !c10::InferenceMode::is_enabled()) {
-    return cache->cast(t, target).first;
+using Policy = bool (*)(Call&, Target&);
+// By ``Action``: lower, fp32, fp32_set_opt_dtype, fp32_append_dtype, promote, first.
+constexpr Policy kPolicies[] = {lower, fp32, set_opt_dtype, append_dtype, decided, decided};
+
+// --- the one walk over the arguments ------------------------------------------------------------
+
+// What the walk casts to, and through which cache.
+struct Caster {
+  Target target;
+  bool lower;
+  Cache* cache;
+  c10::DeviceType device;
+  size_t count = 0;  // eligible tensors seen
+
+  // ``t`` cast if eligible (through the cache where native's rule allows); ``cast`` says whether it was.
+  at::Tensor operator()(const at::Tensor& t, bool castable, bool& cast) {
+    if (!looked_at(t) || !eligible(t, device)) return t;
+    ++count;
+    if (!castable || !target || t.scalar_type() == *target) return t;
+    cast = true;
+    if (cache != nullptr && lower && t.scalar_type() == at::kFloat && t.requires_grad() && t.is_leaf() &&
+        !t.is_view() && !c10::InferenceMode::is_enabled()) {
+      return cache->cast(t, *target).first;
+    }
+    return t.to(*target);
   }
-  return t.to(target);
+};
+
+// One argument's eligible tensors cast in place (a list's items in order).
+void cast_argument(IValue& a, bool castable, Caster& caster) {
+  bool cast = false;
+  if (a.isTensor()) {
+    at::Tensor t = caster(a.toTensor(), castable, cast);
+    if (cast) a = std::move(t);
+  } else if (a.isTensorList()) {
+    std::vector<at::Tensor> items = a.toTensorList().vec();
+    for (auto& t : items) t = caster(t, castable, cast);
+    if (cast) a = IValue(c10::List<at::Tensor>(items));
+  } else if (a.isList()) {  // Tensor?[] (index)
+    c10::List<std::optional<at::Tensor>> items;
+    items.reserve(a.toListRef().size());
+    for (const IValue& item : a.toListRef()) {
+      items.push_back(item.isTensor() ? std::optional<at::Tensor>(caster(item.toTensor(), castable, cast))
+                                      : std::nullopt);
+    }
+    if (cast) a = IValue(items);
+  }
+}
+
+// The walk: the eligible inputs cast to the target, last argument to first (Note [the order of
+// casts] in _kernels); returns how many were eligible.
+size_t cast_inputs(const Call& c, const Target& target, Cache* cache) {
+  IValue* args = c.args();
+  c10::SmallVector<int, 8> positions;  // on the stack: this runs for every cast op
+  for_each_input(c.rule, args, c.n, [&](size_t i, const at::Tensor&) {
+    if (positions.empty() || positions.back() != static_cast<int>(i)) positions.push_back(static_cast<int>(i));
+  });
+  Caster caster{target, target == c.f.dtype, cache, c.f.region->device};
+  for (auto it = positions.rbegin(); it != positions.rend(); ++it) {
+    cast_argument(args[*it], c.rule.kinds[*it] != kWritten, caster);
+  }
+  return caster.count;
+}
+
+bool explicit_dtype(const Rule& rule, const IValue* args) {
+  for (int i : rule.dtype_args) {
+    if (!args[i].isNone()) return true;
+  }
+  return false;
 }
 
 void Kernel::apply(const Rule& rule, const Frame& f, const c10::OperatorHandle& op, DispatchKeySet ks,
                    Stack* stack) const {
   ++tls_counts.decided;
-  const size_t n = op.schema().arguments().size();
-  IValue* args = &*(stack->end() - n);
   const Region& region = *f.region;
-  for (int i : rule.dtype_args) {
-    if (!args[i].isNone()) {  // an explicit dtype: not eligible (seed 003); its insides are its own
-      c10::impl::ExcludeDispatchKeyGuard guard(region.engine_keys);
-      op.callBoxed(stack);
-      return;
-    }
+  Call c{rule, f, stack, op.schema().arguments().size(), &op, std::nullopt};
+  if (rule.leave_explicit && explicit_dtype(rule, c.args())) {  // seed 003: its insides are its own
+    c10::impl::ExcludeDispatchKeyGuard guard(region.engine_keys);
+    return op.callBoxed(stack);
   }
-  std::optional<at::ScalarType> target;
-  if (rule.action == kLower) {
-    target = f.dtype;
-  } else if (rule.action == kFp32) {
-    target = at::kFloat;
-  } else if (!decided(rule, f, args, n, target)) {
+  Target target;
+  if (!kPolicies[rule.action](c, target)) {
     --tls_counts.decided;
     return to_python(*this, op, ks, stack);
   }
-  const bool lower = target == f.dtype;
   Cache* cache = at::autocast::is_autocast_cache_enabled() ? region.cache.get() : nullptr;
-  const c10::DeviceType device = region.device;
   {
     c10::impl::ExcludeDispatchKeyGuard guard(region.engine_keys);
-    // Which arguments the rule looks at; then cast them last to first (Note [the order of
-    // casts] in _kernels), a list's items in order.
-    c10::SmallVector<int, 8> positions;  // on the stack: this runs for every cast op
-    for_each_input(rule, args, n, [&](size_t i, const at::Tensor&) {
-      if (positions.empty() || positions.back() != static_cast<int>(i)) positions.push_back(static_cast<int>(i));
-    });
-    size_t count = 0;
-    for (auto it = positions.rbegin(); it != positions.rend(); ++it) {
-      const int i = *it;
-      IValue& a = args[i];
-      const bool castable = target.has_value() && rule.kinds[i] != kWritten;
-      if (a.isTensor()) {
-        const at::Tensor& t = a.toTensor();
-        if (!eligible(t, device)) continue;
-        ++count;
-        if (castable && t.scalar_type() != *target) a = cast(t, *target, lower, cache);
-      } else if (a.isTensorList()) {
-        auto list = a.toTensorList();
-        std::vector<at::Tensor> items = list.vec();
-        bool changed = false;
-        for (auto& t : items) {
-          if (!looked_at(t) || !eligible(t, device)) continue;
-          ++count;
-          if (castable && t.scalar_type() != *target) {
-            t = cast(t, *target, lower, cache);
-            changed = true;
-          }
-        }
-        if (changed) a = IValue(c10::List<at::Tensor>(items));
-      } else if (a.isList()) {
-        c10::List<std::optional<at::Tensor>> items;
-        items.reserve(a.toListRef().size());
-        bool changed = false;
-        for (const IValue& item : a.toListRef()) {
-          if (item.isTensor() && looked_at(item.toTensor()) && eligible(item.toTensor(), device)) {
-            const at::Tensor& t = item.toTensor();
-            ++count;
-            if (castable && t.scalar_type() != *target) {
-              items.push_back(cast(t, *target, lower, cache));
-              changed = true;
-              continue;
-            }
-          }
-          items.push_back(item.isTensor() ? std::optional<at::Tensor>(item.toTensor()) : std::nullopt);
-        }
-        if (changed) a = IValue(items);
-      }
-    }
-    bool go = count > 0;
+    bool go = cast_inputs(c, target, cache) > 0;
     if (!go) {
-      for_each_input(rule, args, n, [&](size_t, const at::Tensor& t) { go = go || reached(t, device); });
+      for_each_input(rule, c.args(), c.n, [&](size_t, const at::Tensor& t) { go = go || reached(t, region.device); });
     }
     if (go) {
-      op.callBoxed(stack);
-      return;
+      if (c.appended) stack->emplace_back(static_cast<int64_t>(*c.appended));
+      return c.op->callBoxed(stack);
     }
   }
-  // No floating tensor of the region's device: on as if the engine were not there
-  // (``_kernels._pass_on``): a composite decomposes (below the ops key), unless a native
-  // autocast key is on; any other op runs with the engine's keys excluded.
+  go_on(rule, region, op, ks, stack);
+}
+
+// No floating tensor of the region's device: on as if the engine were not there
+// (``_kernels._pass_on``): a composite decomposes (below the ops key), unless a native autocast
+// key is on; any other op runs with the engine's keys excluded.
+void Kernel::go_on(const Rule& rule, const Region& region, const c10::OperatorHandle& op, DispatchKeySet ks,
+                   Stack* stack) const {
   bool natives_off = true;
   for (DispatchKey k : native_autocast) {
     if (!region.engine_keys.has(k) && !c10::impl::tls_is_dispatch_key_excluded(k)) natives_off = false;
@@ -469,18 +536,29 @@ size_t register_kernel(const std::string& ns, const std::string& name, const std
   return index;
 }
 
-std::shared_ptr<Table> make_table(const py::list& rules) {
+// One rule from its row (``_core._row``).
+Rule make_rule(const py::tuple& t) {
+  Rule rule;
+  rule.action = static_cast<Action>(t[1].cast<int>());
+  rule.input_only = t[2].cast<bool>();
+  rule.composite = t[3].cast<bool>();
+  rule.kinds = t[4].cast<std::vector<int8_t>>();
+  rule.dtype_args = t[5].cast<std::vector<int>>();
+  rule.leave_explicit = t[6].cast<bool>();
+  const auto redispatch = t[7].cast<std::pair<std::string, std::string>>();
+  if (!redispatch.first.empty()) {
+    rule.redispatch = c10::Dispatcher::singleton().findSchemaOrThrow(redispatch.first.c_str(), redispatch.second.c_str());
+  }
+  return rule;
+}
+
+std::shared_ptr<Table> make_table(const py::list& rows) {
   auto table = std::make_shared<Table>();
-  for (const auto& item : rules) {
+  for (const auto& item : rows) {
     auto t = item.cast<py::tuple>();
     const size_t index = t[0].cast<size_t>();
     if (table->rules.size() <= index) table->rules.resize(index + 1);
-    Rule& rule = table->rules[index];
-    rule.action = static_cast<Action>(t[1].cast<int>());
-    rule.input_only = t[2].cast<bool>();
-    rule.composite = t[3].cast<bool>();
-    rule.kinds = t[4].cast<std::vector<int8_t>>();
-    rule.dtype_args = t[5].cast<std::vector<int>>();
+    table->rules[index] = make_rule(t);
   }
   return table;
 }
@@ -505,11 +583,9 @@ void clear_frame() {
   Py_XDECREF(was);
 }
 
-}  // namespace hpu_autocast_core
+// --- the module, in three parts --------------------------------------------------------------
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  using namespace hpu_autocast_core;
-  m.doc() = "hpu_autocast's C++ core: the ops key's kernel for regions that do not observe";
+void bind_types(py::module_& m) {
   py::class_<Table, std::shared_ptr<Table>>(m, "Table");
   py::class_<Cache, std::shared_ptr<Cache>>(m, "Cache")
       .def(py::init<>())
@@ -535,6 +611,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         r->cache = std::move(cache);
         return r;
       }, "A region of this kind, casting through ``cache``");
+}
+
+void bind_functions(py::module_& m) {
   m.def("register_kernel", &register_kernel);
   m.def("set_native_autocast_keys", [](std::vector<DispatchKey> keys) { native_autocast = std::move(keys); });
   m.def("make_table", &make_table);
@@ -544,8 +623,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const Counts& c = tls_counts;
     return py::dict(py::arg("decided") = c.decided, py::arg("passed") = c.passed, py::arg("handed") = c.handed);
   }, "How the calling thread's calls on the ops key went: decided by the core, passed on, handed to Python");
+}
+
+// The codes ``_core._row`` writes: each cast policy by ``CastPolicy``'s member name, and each argument kind.
+void bind_codes(py::module_& m) {
   m.def("action_codes", []() {
     return py::dict(py::arg("LOWER") = static_cast<int>(kLower), py::arg("FP32") = static_cast<int>(kFp32),
+                    py::arg("FP32_SET_OPT_DTYPE") = static_cast<int>(kSetOptDtype),
+                    py::arg("FP32_APPEND_DTYPE") = static_cast<int>(kAppendDtype),
                     py::arg("PROMOTE") = static_cast<int>(kPromote), py::arg("FIRST") = static_cast<int>(kFirst),
                     py::arg("PYTHON") = static_cast<int>(kPython));
   });
@@ -553,4 +638,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::dict(py::arg("positional") = static_cast<int>(kPositional), py::arg("written") = static_cast<int>(kWritten),
                     py::arg("keyword") = static_cast<int>(kKeyword), py::arg("skip") = static_cast<int>(kSkip));
   });
+}
+
+}  // namespace hpu_autocast_core
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "hpu_autocast's C++ core: the ops key's kernel for regions that do not observe";
+  hpu_autocast_core::bind_types(m);
+  hpu_autocast_core::bind_functions(m);
+  hpu_autocast_core::bind_codes(m);
 }

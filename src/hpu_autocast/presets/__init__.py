@@ -30,6 +30,12 @@ __all__ = ["PRESETS", "get_preset", "preset_names"]
 #: on a first-generation Gaudi (the device's rule, _devices.check_dtype; docs/hpu.md).
 GAUDI_DTYPES = (torch.bfloat16, torch.float16)
 
+def _less(names: List[str], others: List[str]) -> List[str]:
+    """``names`` without ``others``: a document's float32 list less the ops torch registers with
+    another float32 cast policy (each op is on one list)."""
+    return [n for n in names if n not in others]
+
+
 #: Preset name -> the arguments of ``build_policy`` that make it. ``tolerate_missing``: the
 #: names a torch build lacks are recorded in ``Policy.missing`` rather than refused.
 PRESETS: Dict[str, Mapping[str, Any]] = {
@@ -39,6 +45,9 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
         # What Gaudi's bridge does with its lists: C++ names of functional ops only, so the
         # document's iadd and truediv do nothing (builder's Note: what Gaudi's bridge applies).
         c_names_only=True, warn_ignored=False,
+        # The bridge's Hpu_WrapFunction_ (hpu_ops/autocast_helpers.h) casts every eligible tensor
+        # of a listed op whatever its other arguments: softmax(x, dtype=float32) reads x in bfloat16.
+        explicit_dtype="cast",
     ),
     "hmp": dict(
         lower=gaudi_hmp.BF16, fp32=gaudi_hmp.FP32, promote=gaudi_hmp.PROMOTE, input_only=gaudi_hmp.INPUT_ONLY,
@@ -57,13 +66,17 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
         lower=torch_amp_cpu.LOWER, fp32=torch_amp_cpu.FP32, promote=torch_amp_cpu.PROMOTE, device_type="cpu",
         tolerate_missing=True,
         registered="AutocastCPU",  # exactly the overloads torch.autocast("cpu") casts
+        explicit_dtype="cast",  # ATen's fp32 kernel (prod) casts whatever dtype= the call passes
     ),
     "torch-cuda": dict(
         lower=torch_amp_cuda.LOWER + torch_amp_cuda.REGISTERED_LOWER,
-        fp32=torch_amp_cuda.FP32 + torch_amp_cuda.REGISTERED_FP32,
+        fp32=_less(torch_amp_cuda.FP32 + torch_amp_cuda.REGISTERED_FP32,
+                   torch_amp_cuda.FP32_SET_OPT_DTYPE + torch_amp_cuda.FP32_APPEND_DTYPE),
+        fp32_set_opt_dtype=torch_amp_cuda.FP32_SET_OPT_DTYPE, fp32_append_dtype=torch_amp_cuda.FP32_APPEND_DTYPE,
         promote=torch_amp_cuda.PROMOTE + torch_amp_cuda.REGISTERED_PROMOTE,
         banned=torch_amp_cuda.BANNED, device_type="cuda", tolerate_missing=True,
-        registered="AutocastCUDA", keep_composites=True,  # and the composite entries around them
+        registered="AutocastCUDA",  # exactly the overloads torch.autocast("cuda") casts
+        explicit_dtype="cast",  # as ATen's kernels (its dtype-taking ops are fp32_set_opt_dtype)
     ),
 }
 

@@ -4,11 +4,16 @@ Ops that promote to the widest input type"; seed 003, tests/seeds/003_torch_amp.
 with the Python-level names the docs use (``__matmul__``, ``GRUCell``) resolved by
 ``hpu_autocast.names``. bfloat16 shares the float16 list.
 
-The registry keeps, of each name, the overloads torch registers for ``AutocastCUDA`` and the
-composite entries (``cross_entropy_loss``, ``conv1d.padding``) whose insides native autocast
-casts at registered ops: applying the rule at the entry gives the same values. Names that
-resolve to nothing registered are dropped: ``__rdiv__`` is ``reciprocal(self) * other`` in
-torch, so plain ``div`` stays uncast as under native autocast.
+The document lists every float32 op together; torch registers some of them with its other two
+float32 cast policies (``FP32_SET_OPT_DTYPE``, ``FP32_APPEND_DTYPE`` below, from ATen's
+``AT_FORALL_FP32_SET_OPT_DTYPE`` and ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``), and the
+registry gives those names that kind instead of ``fp32``.
+
+The registry keeps, of each name, the overloads torch registers for ``AutocastCUDA``: a
+composite with no kernel there (``cross_entropy_loss``, ``conv1d.padding``) decomposes, and
+native autocast casts its insides, so the region does too. Names that resolve to nothing
+registered are dropped: ``__rdiv__`` is ``reciprocal(self) * other`` in torch, so plain ``div``
+stays uncast as under native autocast.
 
 ``binary_cross_entropy`` is banned, as torch bans it: its backward can produce gradients that
 float16 cannot hold; the error names the safe replacement.
@@ -58,6 +63,18 @@ REGISTERED_FP32 = [
     "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
 ]
 REGISTERED_PROMOTE = ["vdot"]
+
+#: The ops of the float32 lists above that torch registers as ``fp32_set_opt_dtype``: an unset
+#: ``dtype`` argument becomes float32 and the input is not cast (ATen's
+#: ``AT_FORALL_FP32_SET_OPT_DTYPE``); the document's ``softmin`` names ``softmax`` (names.py).
+FP32_SET_OPT_DTYPE = [
+    "cumprod", "cumsum", "linalg_matrix_norm", "linalg_vector_norm", "log_softmax", "prod", "softmax", "softmin",
+    "sum",
+]
+#: The ops of the float32 lists above that torch registers as ``fp32_append_dtype``: the
+#: overload with a ``dtype`` argument is called instead (ATen's
+#: ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``); the document's ``normalize`` names ``norm``.
+FP32_APPEND_DTYPE = ["norm", "normalize"]
 
 BANNED = {
     "binary_cross_entropy": (
