@@ -82,8 +82,8 @@ def test_the_build_record_travels_with_a_policy_but_is_not_its_value():
     # What a build let go of says how a policy was made, not what it does: a record of its own
     # made an equal policy unequal, so it took another compiled key (a recompilation) and
     # another kernel table for the same casts.
-    from hpu_autocast._table import compile_policy, policy_serial
-    from hpu_autocast.policy import BuildRecord
+    from hpu_autocast.policies._table import compile_policy, policy_serial
+    from hpu_autocast.policies.policy import BuildRecord
 
     a = Policy(name="x", table={MM: CastPolicy.LOWER})
     record = BuildRecord(missing=["gone"], ignored=[["iadd", "lower", "a Python name"]])

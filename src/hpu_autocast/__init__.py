@@ -42,16 +42,16 @@ if "torch" not in _sys.modules:
 
 from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
-from ._core import ENGINE
-from .builder import build_policy, policy_from_gaudi_config, with_lists
+from ._engine.core import ENGINE
+from .policies.builder import build_policy, policy_from_gaudi_config, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
-from .names import PolicyError, resolve
+from .policies.names import PolicyError, resolve
 from .numerics import Comparison, compare
 from .opgraph import op_graph
-from .policy import CastPolicy, Policy
-from .presets import get_preset, preset_names
+from .policies.policy import CastPolicy, Policy
+from .policies.presets import get_preset, preset_names
 from .report import PrecisionReport, Recorder
 from .tuning import TuneResult, tune
 
@@ -100,6 +100,6 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-from ._compile_guard import skip_package as _skip_package  # noqa: E402
+from ._torch.compile_guard import skip_package as _skip_package  # noqa: E402
 
 _skip_package()  # a process that already uses Dynamo: the kernels are not traced

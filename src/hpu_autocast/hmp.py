@@ -41,8 +41,8 @@ import torch
 import torch.autograd
 
 from .mode import HpuAutocastMode
-from .builder import policy_from_files
-from .presets import get_preset
+from .policies.builder import policy_from_files
+from .policies.presets import get_preset
 
 __all__ = ["convert", "disable_casts", "reset", "is_converted", "LOGGER_NAME"]
 

@@ -32,10 +32,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
-from . import _core, _ops
+from ._engine import core as _core
+from .policies import _ops
 from .events import Event, Outcome, short_dtype
 from .log import decision
-from .policy import CastPolicy
+from .policies.policy import CastPolicy
 
 __all__ = ["Recorder", "PrecisionReport", "Row"]
 

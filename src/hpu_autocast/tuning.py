@@ -52,12 +52,12 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 import torch
 from torch._ops import OpOverload
 
-from . import _ops
-from .builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
+from .policies import _ops
+from .policies.builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
 from .events import short_dtype
-from .names import PolicyError, resolve
+from .policies.names import PolicyError, resolve
 from .numerics import compare_outputs
-from .policy import CastPolicy, Policy
+from .policies.policy import CastPolicy, Policy
 from .mode import HpuAutocastMode
 from .report import Recorder, _table
 

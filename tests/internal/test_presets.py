@@ -1,12 +1,12 @@
 """The torch-cuda preset against seed 003, with what torch registers for ``AutocastCUDA``
-(``hpu_autocast._ops``)."""
+(``hpu_autocast.policies._ops``)."""
 
 from __future__ import annotations
 
 import torch
 
 from hpu_autocast import CastPolicy, get_preset
-from hpu_autocast.presets import torch_amp_cuda as cuda_data
+from hpu_autocast.policies.presets import torch_amp_cuda as cuda_data
 from test_presets import _ops, torch_doc_lists
 
 
@@ -17,7 +17,7 @@ def test_torch_cuda_lists_are_seed_003s():
     # Of each name, what torch registers for AutocastCUDA (and composite entries, unless the list
     # names a composite of which this torch registers nothing: rms_norm before torch 2.10); plus
     # what it registers beyond the document (test_drift checks those against native where CUDA is).
-    from hpu_autocast._ops import has_kernel, is_composite, op_base_name
+    from hpu_autocast.policies._ops import has_kernel, is_composite, op_base_name
 
     def kept(names):
         out = set()

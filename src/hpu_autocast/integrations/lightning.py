@@ -43,7 +43,7 @@ except ImportError as e:
                       "pip install -c constraints.txt -e \".[lightning]\" keeps the installed torch)") from None
 
 from ..mode import HpuAutocastMode
-from ..policy import Policy
+from ..policies.policy import Policy
 
 __all__ = ["HpuAutocastPrecision"]
 

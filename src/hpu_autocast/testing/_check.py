@@ -40,10 +40,10 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from .. import _engine, _torch
 from .. import mode as _mode
-from ..builder import as_policy
+from ..policies.builder import as_policy
 from ..events import Event, Outcome, short_dtype
 from ..log import combine_observers
-from ..policy import CastPolicy, Policy
+from ..policies.policy import CastPolicy, Policy
 
 __all__ = ["Kind", "Deviation", "Deviations", "PolicyViolation", "check_policy", "assert_follows_policy",
            "watch_policy", "Watch"]

@@ -22,10 +22,11 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from torch._ops import OpOverload
 
-from .. import _engine, _ops
+from .. import _engine
+from ..policies import _ops
 from .. import mode as _mode
-from ..policy import CastPolicy, Policy
-from ..presets import get_preset, preset_names
+from ..policies.policy import CastPolicy, Policy
+from ..policies.presets import get_preset, preset_names
 
 __all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "ELIGIBLE_DTYPES"]
 

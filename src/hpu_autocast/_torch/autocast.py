@@ -77,8 +77,10 @@ import torch
 import torch.optim.optimizer as _optimizer
 import torch.utils.checkpoint as _checkpoint
 
-from . import _compile_guard, _kernels, _regions, _torch, _torchscript
-from ._table import compile_policy
+from .. import _torch
+from .._engine import kernels as _kernels, regions as _regions
+from ..policies._table import compile_policy
+from . import compile_guard as _compile_guard, torchscript as _torchscript
 
 __all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region"]
 

@@ -24,16 +24,19 @@ from typing import Callable, Iterator, Optional, Tuple
 import torch
 from torch._ops import OpOverload
 
-from . import _compile_guard, _dispatch, _ops, _torch
-from ._cast_cache import CAST, cached_cast
-from ._devices import native_autocast_keys, tensor_on
-from ._dispatch import KeyGuard
-from ._inplace import into, write_back
-from ._regions import Frame, _get_frame, innermost
-from ._table import OpRule
-from .events import Event, Level, Outcome, first_floating, input_dtypes
-from .policy import CastPolicy
-from .rules import compute_dtype, has_explicit_dtype
+from . import dispatch as _dispatch
+from .. import _torch
+from .._torch import compile_guard as _compile_guard
+from ..policies import _ops
+from .cast_cache import CAST, cached_cast
+from ..policies._devices import native_autocast_keys, tensor_on
+from .dispatch import KeyGuard
+from .inplace import into, write_back
+from .regions import Frame, _get_frame, innermost
+from ..policies._table import OpRule
+from ..events import Event, Level, Outcome, first_floating, input_dtypes
+from ..policies.policy import CastPolicy
+from ..policies.rules import compute_dtype, has_explicit_dtype
 
 __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
 

@@ -9,9 +9,10 @@ open regions, ``_torch_autocast``'s; higher-order operators, ``_hops``'.
 
 from __future__ import annotations
 
-from . import _hops, _kernels, _regions, _torch_autocast
-from ._kernels import keys_excluded
-from ._regions import (GUARD, OFF, Frame, Region, State, current, innermost, observing,
+from . import hops as _hops, kernels as _kernels, regions as _regions
+from .._torch import autocast as _torch_autocast
+from .kernels import keys_excluded
+from .regions import (GUARD, OFF, Frame, Region, State, current, innermost, observing,
                        replace_innermost)
 
 __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",

@@ -38,9 +38,11 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _dispatch, _regions, _torch, _torch_autocast
-from ._devices import native_autocast_keys
-from ._dispatch import KeyGuard
+from . import dispatch as _dispatch, regions as _regions
+from .. import _torch
+from .._torch import autocast as _torch_autocast
+from ..policies._devices import native_autocast_keys
+from .dispatch import KeyGuard
 
 __all__ = ["cover"]
 

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from ._report_cli import DTYPES, add_script_arguments, policy_of
+from .report_command import DTYPES, add_script_arguments, policy_of
 
 __all__ = ["add_parser", "run", "load_target", "TargetError", "TARGET", "RUN_NAME"]
 
@@ -84,7 +84,7 @@ def load_target(script: str, args: list) -> Tuple[Callable, tuple, Optional[Call
 def run(ns: argparse.Namespace) -> int:
     """Tune and print the result; write the files asked for. Exit status 0 when the tolerance
     is met, 1 when it is not, 2 when the script names nothing to tune or a flag is out of range."""
-    from .tuning import tune
+    from ..tuning import tune
 
     if not ns.tolerance >= 0 or ns.max_runs < 3:  # `not >=`: a nan tolerance too
         print(f"error: --tolerance must be >= 0 (got {ns.tolerance}) and --max-runs at least 3 "

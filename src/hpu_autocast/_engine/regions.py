@@ -23,11 +23,13 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _compile_guard, _core, _dispatch, _torch
-from ._devices import NATIVE_AUTOCAST_HERE
-from .rules import eligibility
-from ._table import CompiledPolicy, OpRule
-from .events import Event
+from . import core as _core, dispatch as _dispatch
+from .. import _torch
+from .._torch import compile_guard as _compile_guard
+from ..policies._devices import NATIVE_AUTOCAST_HERE
+from ..policies.rules import eligibility
+from ..policies._table import CompiledPolicy, OpRule
+from ..events import Event
 
 __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
            "replace_innermost", "native_devices", "keep_policy_off", "GUARD"]

@@ -74,7 +74,9 @@ import torch
 from torch._ops import OpOverload
 from torch.library import Library, fallthrough_kernel
 
-from . import _core, _ops, _torch
+from . import core as _core
+from .. import _torch
+from ..policies import _ops
 
 __all__ = ["Keys", "keys", "KeyGuard", "ThreadSwitch", "thread_switch"]
 

@@ -20,7 +20,8 @@ from typing import List, Optional, Tuple, Union
 
 from torch._ops import OpOverload
 
-from . import _ops, _torch
+from . import _ops
+from .. import _torch
 
 __all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "describe", "is_python_name", "resolve", "suggestions"]
 

@@ -16,7 +16,8 @@ from typing import Dict, Optional
 import torch
 from torch._ops import OpOverload
 
-from . import _ops, _torch
+from . import _ops
+from .. import _torch
 from ._devices import MIXED_PARAMS_DEVICES
 from .policy import CastPolicy, Policy
 

@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import torch
 
-from .builder import policy_from_files
+from ..policies.builder import policy_from_files
 
 __all__ = ["add_parser", "add_script_arguments", "policy_of", "DTYPES", "run", "main"]
 
@@ -63,8 +63,8 @@ def run(ns: argparse.Namespace) -> int:
     ``sys.exit("message")`` prints the message to stderr and gives 1, an exception prints its
     traceback (from the script's frames on) to stderr and gives 1; the report is printed and
     written first. ``KeyboardInterrupt`` propagates (after the report)."""
-    from .mode import HpuAutocastMode
-    from .report import Recorder
+    from ..mode import HpuAutocastMode
+    from ..report import Recorder
 
     rec = Recorder()
     # Note: the whole script is one region, optimizer steps included. The cast cache assumes

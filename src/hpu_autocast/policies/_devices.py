@@ -16,7 +16,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from . import _torch
+from .. import _torch
 
 __all__ = ["REGION_DEVICE_TYPES", "NATIVE_AUTOCAST_DEVICES", "NATIVE_AUTOCAST_HERE", "MIXED_PARAMS_DEVICES", "tensor_on",
            "native_autocast_keys", "check_dtype", "default_cache_enabled", "default_device_type"]
