@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
-from torch._ops import OpOverload
 
+from ._torch import OpOverload
 from .policies import _ops
 from .policies.builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
 from .events import short_dtype

@@ -113,7 +113,7 @@ def _bound(op) -> Callable:
 
 
 def _is_function(a) -> bool:
-    return callable(a) and not isinstance(a, (torch.Tensor, torch._ops.OperatorBase))
+    return callable(a) and not isinstance(a, (torch.Tensor, _torch.OperatorBase))
 
 
 def _bind(fn: Callable) -> Callable:

@@ -22,10 +22,10 @@ import itertools
 from typing import Callable, Iterator, Optional, Tuple
 
 import torch
-from torch._ops import OpOverload
 
 from . import dispatch as _dispatch
 from .. import _torch
+from .._torch import OpOverload
 from .._torch import compile_guard as _compile_guard
 from ..policies import _ops
 from .cast_cache import CAST, cached_cast
@@ -48,7 +48,7 @@ _Tensor = torch.Tensor
 _set_excluded = _torch.set_excluded
 _is_excluded = _torch.is_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
-_cache_on = torch._C.is_autocast_cache_enabled
+_cache_on = _torch.autocast_cache_enabled
 
 
 def keys() -> _dispatch.Keys:
@@ -74,7 +74,7 @@ def make_kernel(op: OpOverload) -> Callable:
     # Positional arguments typed Tensor: a Python kernel receives a wrapped scalar (the 3 of
     # x / 3) there as a Python number, which a boxed redispatch refuses.
     slots = tuple(i for i, a in enumerate(op._schema.arguments)
-                  if not a.kwarg_only and isinstance(a.type, torch._C.TensorType))
+                  if not a.kwarg_only and isinstance(a.type, _torch.TensorType))
 
     def kernel(keyset, *args, **kwargs):
         frame = _get_frame()
@@ -390,8 +390,8 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     return out
 
 
-_native_get_dtype = torch._C.get_autocast_dtype
-_native_set_dtype = torch._C.set_autocast_dtype
+_native_get_dtype = _torch.native_autocast_dtype
+_native_set_dtype = _torch.set_native_autocast_dtype
 
 
 def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,

@@ -35,8 +35,8 @@ __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost
            "replace_innermost", "native_devices", "keep_policy_off", "GUARD"]
 
 _EMPTY: Dict[int, OpRule] = {}
-_cache_on = torch._C.is_autocast_cache_enabled
-_set_cache_on = torch._C.set_autocast_cache_enabled
+_cache_on = _torch.autocast_cache_enabled
+_set_cache_on = _torch.set_autocast_cache_enabled
 _thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
 
 
@@ -192,8 +192,8 @@ def observing() -> bool:
     return frame is not None and frame.region.observer is not None
 
 
-_native_is_enabled = torch._C.is_autocast_enabled
-_native_set_enabled = torch._C.set_autocast_enabled
+_native_is_enabled = _torch.native_autocast_enabled
+_native_set_enabled = _torch.set_native_autocast_enabled
 
 
 def enter(region: Region, k: _dispatch.Keys, opened: Callable[[], None]) -> None:

@@ -16,8 +16,8 @@ import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
-from torch._ops import OpOverload
 
+from .._torch import OpOverload
 from . import _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
 from .policy import BuildRecord, CastPolicy, Policy

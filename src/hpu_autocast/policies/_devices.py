@@ -30,7 +30,7 @@ NATIVE_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "m
 
 def _has_native_autocast(device: str) -> bool:
     try:
-        torch._C.is_autocast_enabled(device)
+        _torch.native_autocast_enabled(device)
     except RuntimeError:  # torch 2.4 knows no mps, mtia or maia autocast
         return False
     return True

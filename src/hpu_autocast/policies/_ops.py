@@ -7,9 +7,9 @@ import functools
 from typing import Iterator, List, Optional
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
 
 from .. import _torch
+from .._torch import OpOverload, OpOverloadPacket
 
 # Note: the composite batch_norm schemas do not mark their running statistics as written,
 # yet the kernels update them in place. A cast copy would swallow those writes, so they are

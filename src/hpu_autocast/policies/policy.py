@@ -14,8 +14,8 @@ from types import MappingProxyType
 from typing import Mapping, Optional
 
 import torch
-from torch._ops import OpOverload
 
+from .._torch import OpOverload
 from . import _ops
 
 __all__ = ["CastPolicy", "Policy", "BuildRecord"]
