@@ -1,0 +1,63 @@
+"""A region's entry is composed in one place (``_engine.entry``'s Note): register, the core's
+tables, the patches, the frame, in that order, for the mode's regions and a checkpoint's
+recomputation alike; an entry that fails before its frame leaves no patch installed."""
+
+import pytest
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+
+from hpu_autocast import HpuAutocastMode
+from hpu_autocast._engine import core as _core, entry as _entry, regions as _regions
+from hpu_autocast._torch import autocast as _torch_autocast
+
+
+@pytest.fixture
+def steps(monkeypatch):
+    """The entry steps as they run: each of the four parts wrapped to record its name."""
+    seen = []
+
+    def record(owner, name, step):
+        real = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            seen.append(step)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapped)
+
+    record(_entry, "_register", "register")
+    record(_core, "region_for", "tables")
+    record(_torch_autocast, "acquire", "patches")
+    record(_regions, "push", "frame")
+    return seen
+
+
+def test_a_region_enters_in_the_order_register_tables_patches_frame(steps):
+    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+        pass
+    assert steps == ["register", "tables", "patches", "frame"]
+
+
+def test_a_checkpoints_recomputation_enters_the_same_way(steps):
+    w = torch.randn(4, 4, requires_grad=True)
+    with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+        y = torch_checkpoint.checkpoint(lambda x: torch.mm(x, w).relu(), torch.randn(2, 4), use_reentrant=False)
+    del steps[:]
+    y.float().sum().backward()  # recomputes in a region reproducing the forward's, outside any
+    assert steps == ["register", "tables", "patches", "frame"]
+
+
+@pytest.mark.parametrize("failing", [(_core, "region_for"), (_regions, "push")])
+def test_an_entry_that_fails_installs_no_patch(monkeypatch, failing):
+    # Before the entry was composed here, the patches were acquired first and a later step that
+    # raised left them counted (torch's functions replaced for the rest of the process).
+    def fail(*args, **kwargs):
+        raise RuntimeError("the step fails")
+
+    monkeypatch.setattr(*failing, fail)
+    own = torch.is_autocast_enabled
+    with pytest.raises(RuntimeError, match="the step fails"):
+        with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
+            pass
+    assert _torch_autocast._open == 0
+    assert torch.is_autocast_enabled is own
