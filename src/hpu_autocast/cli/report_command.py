@@ -1,8 +1,8 @@
 """``hpu-autocast report SCRIPT.py [args]``: run an unmodified script under the mode and print
 the precision report when it ends.
 
-``cli.py`` registers the subcommand with ``add_parser(subparsers)``; ``python -m
-hpu_autocast._report_cli report ...`` runs it on its own.
+``cli/__init__.py`` registers the subcommand with ``add_parser(subparsers)``; ``python -m
+hpu_autocast.cli.report_command report ...`` runs it on its own.
 """
 
 from __future__ import annotations

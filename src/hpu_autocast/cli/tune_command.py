@@ -8,7 +8,7 @@ The script is run as a module (``__name__`` is ``"__hpu_autocast_tune__"``, so i
 
 ``fn(*inputs)`` is what ``hpu_autocast.tune`` runs (``inputs``: a tuple of positional
 arguments, or one tensor); ``metric(reference, outputs) -> float`` replaces the default error.
-``cli.py`` registers the subcommand with ``add_parser(subparsers)``.
+``cli/__init__.py`` registers the subcommand with ``add_parser(subparsers)``.
 """
 
 from __future__ import annotations
