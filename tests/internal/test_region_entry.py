@@ -2,12 +2,14 @@
 tables, the patches, the frame, in that order, for the mode's regions and a checkpoint's
 recomputation alike; an entry that fails before its frame leaves no patch installed."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 from hpu_autocast import HpuAutocastMode
-from hpu_autocast._engine import core as _core, entry as _entry, regions as _regions
+from hpu_autocast._engine import core as _core, dispatch as _dispatch, entry as _entry, regions as _regions
 from hpu_autocast._torch import autocast as _torch_autocast
 
 
@@ -48,16 +50,24 @@ def test_a_checkpoints_recomputation_enters_the_same_way(steps):
 
 
 @pytest.mark.parametrize("failing", [(_core, "region_for"), (_regions, "push")])
-def test_an_entry_that_fails_installs_no_patch(monkeypatch, failing):
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_entry_that_fails_gives_back_what_it_took(monkeypatch, failing, nested):
     # Before the entry was composed here, the patches were acquired first and a later step that
-    # raised left them counted (torch's functions replaced for the rest of the process).
+    # raised left them counted (torch's functions replaced for the rest of the process), and a
+    # failure after the thread's keys were switched on left them on.
     def fail(*args, **kwargs):
         raise RuntimeError("the step fails")
 
-    monkeypatch.setattr(*failing, fail)
-    own = torch.is_autocast_enabled
-    with pytest.raises(RuntimeError, match="the step fails"):
-        with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
-            pass
-    assert _torch_autocast._open == 0
-    assert torch.is_autocast_enabled is own
+    own, cache_flag = torch.is_autocast_enabled, torch.is_autocast_cache_enabled()
+    with HpuAutocastMode(torch.float16, policy="torch-cpu", cache_enabled=True) if nested else contextlib.nullcontext():
+        switch = _dispatch.thread_switch()
+        before = (switch.ops, _torch_autocast._open, torch.is_autocast_cache_enabled(), _regions.innermost())
+        with monkeypatch.context() as m:
+            m.setattr(*failing, fail)
+            with pytest.raises(RuntimeError, match="the step fails"):
+                with HpuAutocastMode(torch.bfloat16, policy="torch-cpu", cache_enabled=False):
+                    pass
+        assert (switch.ops, _torch_autocast._open, torch.is_autocast_cache_enabled(), _regions.innermost()) == before
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == (torch.float16 if nested else torch.float32)
+    assert _torch_autocast._open == 0 and _dispatch.thread_switch().ops == 0
+    assert torch.is_autocast_enabled is own and torch.is_autocast_cache_enabled() == cache_flag

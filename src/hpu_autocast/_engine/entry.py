@@ -14,7 +14,8 @@
    own autocast for its device as torch.autocast sets them) and its frame becomes the innermost
    (``regions.push``), the core told (its copy of the frame, Note [the frame in C++]).
 
-``exit`` undoes them in reverse. The patches come in as ``acquire`` / ``release`` because they
+``exit`` undoes them in reverse, and so does an entry that fails on the way: what a step took
+is given back before the error leaves ``enter``. The patches come in as ``acquire`` / ``release`` because they
 open regions themselves (a checkpoint's recomputation, ``_torch.autocast``), so they sit above
 this module; ``_engine.enter`` hands the same two. The frame stack (``regions``) knows nothing of
 the kernels, the core or the patches; every change of the innermost frame is mirrored to the core
@@ -51,17 +52,26 @@ def enter(region: Region, k: _dispatch.Keys, acquire: Callable[[], None], releas
     innermost decides, and it is restored at the exit."""
     _register(region, k)
     parent = _regions.innermost()
-    if parent is None:
-        region.cache = _core.new_cache()
-    else:
-        _regions.nest(region, parent)
-    region.core = _core.region_for(region, k)
-    acquire()
+    try:
+        if parent is None:
+            region.cache = _core.new_cache()
+        else:
+            _regions.nest(region, parent)
+        region.core = _core.region_for(region, k)
+        acquire()
+    except BaseException:
+        if region.observes:
+            k.observing_closed()
+        raise
     try:
         _hold(region, k)
         _core.set_frame(_regions.push(region, parent))
-    except BaseException:
-        release()
+    except BaseException:  # what was taken is given back, as at an exit
+        try:
+            if region.switch is not None:
+                _close(region, pushed=False)
+        finally:
+            release()
         raise
 
 
@@ -133,7 +143,9 @@ def exit(region: Region, release: Callable[[], None]) -> None:
         release()
 
 
-def _close(region: Region) -> None:
+def _close(region: Region, pushed: bool = True) -> None:
+    """Undo ``_hold`` and pop the frame (``pushed``: else the entry failed before its frame, and
+    torch's cache flag goes back as at the innermost's exit)."""
     region.closed = True
     if region.core is not None:
         region.core.close()
@@ -150,7 +162,7 @@ def _close(region: Region) -> None:
         _dispatch._keys.observing_closed()  # after the sync: the key is off in this thread
     for d in region.native_was_on:
         _native_set_enabled(d, True)
-    innermost_exits = _regions.pop(region)
+    innermost_exits = _regions.pop(region) if pushed else True
     if innermost_exits:
         _core.set_frame(_regions.context_frame())
     # torch's cache flag: back to what it was at this region's entry when the innermost exits
