@@ -185,7 +185,7 @@ def bridge_table() -> Dict[torch._ops.OpOverload, str]:
     ``lower_precision_fp``; else ``fp32`` if on the FP32 list; else ``promote``. Every overload of
     the function is registered except those that write an argument (gen_op.py registers no
     in-place or out= function); a Python name (``iadd``, ``truediv``) names no ATen function."""
-    from hpu_autocast.presets import gaudi_autocast as lists
+    from hpu_autocast.policies.presets import gaudi_autocast as lists
 
     table: Dict[torch._ops.OpOverload, str] = {}
     for names, kind in ((lists.LOWER, LOWER), (lists.FP32, FP32), (lists.PROMOTE, PROMOTE)):

@@ -20,7 +20,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--as-if-cuda"):
-        from hpu_autocast import _devices
+        from hpu_autocast.policies import _devices
 
         # The one answer default_device_type() caches (asked once per process).
         _devices._cuda = True

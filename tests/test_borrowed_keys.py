@@ -33,7 +33,8 @@ _PRELUDE = textwrap.dedent("""
     import torch, torch.nn as nn
     from torch.library import Library, fallthrough_kernel
     import hpu_autocast
-    from hpu_autocast import HpuAutocastMode, _dispatch
+    from hpu_autocast import HpuAutocastMode
+    from hpu_autocast._engine import dispatch as _dispatch
 
     torch.manual_seed(0)
     MODEL = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Softmax(-1)).eval()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, build_policy, get_preset, with_lists
-from hpu_autocast.builder import policy_from_env, policy_from_files, read_list
+from hpu_autocast.policies.builder import policy_from_env, policy_from_files, read_list
 
 MM, EXP, MUL = torch.ops.aten.mm.default, torch.ops.aten.exp.default, torch.ops.aten.mul.Tensor
 
@@ -104,7 +104,7 @@ def test_files_read_again_when_changed(tmp_path, monkeypatch):
 
 
 def test_files_are_read_only_when_their_path_mtime_or_size_changes(tmp_path, monkeypatch):
-    from hpu_autocast import builder
+    from hpu_autocast.policies import builder
 
     reads, read = [], builder.bridge_findings
     monkeypatch.setattr(builder, "bridge_findings", lambda path: reads.append(path) or read(path))
@@ -236,7 +236,7 @@ NOT_FUNCTIONAL = "it names in-place or out= overloads only, and Gaudi's bridge r
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     # Each name warns once per process; a test starts with none warned about yet.
-    from hpu_autocast import _build
+    from hpu_autocast.policies import _build
 
     from hpu_autocast import builder
 
@@ -246,7 +246,7 @@ def fresh_warnings(monkeypatch):
 
 def test_the_hpu_lists_own_python_names_are_recorded_without_a_warning(fresh_warnings):
     from hpu_autocast import build_policy
-    from hpu_autocast.presets import PRESETS
+    from hpu_autocast.policies.presets import PRESETS
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

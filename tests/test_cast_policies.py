@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from _below import NativeCUDA, trace
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, with_lists
-from hpu_autocast.rules import PromoteError
+from hpu_autocast.policies.rules import PromoteError
 
 def _x(dtype):
     return torch.randn(4, 6).to(dtype)

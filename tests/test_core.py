@@ -20,7 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpu_autocast
-from hpu_autocast import HpuAutocastMode, _core, with_lists
+from hpu_autocast import HpuAutocastMode, with_lists
+from hpu_autocast._engine import core as _core
 
 needs_core = pytest.mark.skipif(_core.core is None, reason=f"engine: {_core.REASON}")
 
@@ -214,7 +215,7 @@ def test_an_unknown_engine_name_is_refused_naming_the_accepted_ones():
 
 
 def test_without_a_build_the_python_kernels_run_and_say_how_to_build_the_core(tmp_path):
-    r = _python("import hpu_autocast._core as c; print(c.ENGINE); print(c.REASON)",
+    r = _python("import hpu_autocast._engine.core as c; print(c.ENGINE); print(c.REASON)",
                 HPU_AUTOCAST_ENGINE="auto", HPU_AUTOCAST_CORE_DIR=str(tmp_path))
     assert r.returncode == 0, r.stderr
     engine, reason = r.stdout.splitlines()
@@ -224,7 +225,7 @@ def test_without_a_build_the_python_kernels_run_and_say_how_to_build_the_core(tm
 
 
 def test_a_build_is_found_only_for_the_torch_and_source_it_was_built_from():
-    from hpu_autocast import _core_build
+    from hpu_autocast._engine import core_build as _core_build
 
     tag = _core_build.build_dir().name
     assert f"torch{torch.__version__}-" in tag and sys.implementation.cache_tag in tag

@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-import hpu_autocast.rules
+import hpu_autocast.policies.rules
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 import _fuzz
@@ -190,8 +190,8 @@ def test_the_comparison_sees_one_bit():
     assert not seen(x).same(seen(negative_zero))            # torch.equal would call these equal
     assert not seen(x).same(seen(x.requires_grad_()))
     raised = _fuzz.Raised
-    assert _fuzz.same(raised(RuntimeError), raised(hpu_autocast.rules.PromoteError))   # caught by the same except
-    assert not _fuzz.same(raised(hpu_autocast.rules.PromoteError), raised(RuntimeError))
+    assert _fuzz.same(raised(RuntimeError), raised(hpu_autocast.policies.rules.PromoteError))   # caught by the same except
+    assert not _fuzz.same(raised(hpu_autocast.policies.rules.PromoteError), raised(RuntimeError))
     assert not _fuzz.same(raised(RuntimeError), seen(x))
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from hpu_autocast import _gaudi_check, cli
+from hpu_autocast import cli
+from hpu_autocast.cli import gaudi_check as _gaudi_check
 
 ROOT = Path(__file__).resolve().parents[1]
 

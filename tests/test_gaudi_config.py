@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, get_preset, policy_from_gaudi_config
-from hpu_autocast.builder import ENV_FP32, ENV_LOWER, policy_from_bridge_files, policy_from_env, policy_from_files
+from hpu_autocast.policies.builder import ENV_FP32, ENV_LOWER, policy_from_bridge_files, policy_from_env, policy_from_files
 
 # optimum-habana's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS (BERT's lists), the lists its docs and
 # examples' gaudi_config.json files carry.
@@ -30,7 +30,7 @@ OPTIMUM_FP32 = ["embedding", "nll_loss", "log_softmax"]
 def fresh_warnings(monkeypatch):
     # A name Gaudi ignores (iadd, truediv) warns once per process; each test starts afresh, and
     # with no PT_HPU_AUTOCAST_* variable of the environment the suite runs in.
-    from hpu_autocast import _build
+    from hpu_autocast.policies import _build
 
     monkeypatch.setattr(_build, "_warned", set())
     for name in (ENV_LOWER, ENV_FP32, "LOWER_LIST", "FP32_LIST"):

@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 import _fake_habana
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode
-from hpu_autocast.presets import gaudi_autocast
+from hpu_autocast.policies.presets import gaudi_autocast
 
 #: Cases that wait for Policy.explicit_dtype ("cast" under hpu): a listed op given float32
 #: tensors and an explicit dtype, whose tensors the bridge casts anyway.

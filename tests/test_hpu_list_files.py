@@ -21,7 +21,7 @@ aten = torch.ops.aten
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     """No list-file variable set, and nothing warned about yet (warnings are once per file and name)."""
-    from hpu_autocast import _build, builder
+    from hpu_autocast.policies import _build, builder
 
     for name in (ENV_LOWER, ENV_FP32, "LOWER_LIST", "FP32_LIST"):
         monkeypatch.delenv(name, raising=False)

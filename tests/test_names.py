@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpu_autocast import HpuAutocastMode, PolicyError, build_policy, resolve
-from hpu_autocast.names import PYTHON_ALIASES, is_python_name
+from hpu_autocast.policies.names import PYTHON_ALIASES, is_python_name
 
 aten = torch.ops.aten
 

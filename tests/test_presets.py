@@ -16,9 +16,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from _samples import SAMPLES, build
 from _seeds import seed_text
 from hpu_autocast import CastPolicy, HpuAutocastMode, get_preset, resolve
-from hpu_autocast.presets import gaudi_hmp as hmp_data
-from hpu_autocast.presets import torch_amp_cpu as cpu_data
-from hpu_autocast.presets import xpu_amp as xpu_data
+from hpu_autocast.policies.presets import gaudi_hmp as hmp_data
+from hpu_autocast.policies.presets import torch_amp_cpu as cpu_data
+from hpu_autocast.policies.presets import xpu_amp as xpu_data
 
 def _names(text: str):
     return [n.strip() for n in text.split(",") if n.strip()]

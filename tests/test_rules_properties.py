@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import torch.nn.functional as F
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, build_policy, get_preset
-from hpu_autocast.rules import PromoteError, compute_dtype, has_explicit_dtype, is_eligible as _is_eligible
+from hpu_autocast.policies.rules import PromoteError, compute_dtype, has_explicit_dtype, is_eligible as _is_eligible
 from hpu_autocast.testing import eligible_tensors, inputs_for, policies
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool]

@@ -337,7 +337,7 @@ def test_drawn_policies_are_followed(policy, data):
 def test_eligible_tensors(t):
     assert t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.dim() <= 2
     assert t.device.type == "cpu"  # the region's default device here
-    assert hpu_autocast.rules.is_eligible(t, t.device.type)
+    assert hpu_autocast.policies.rules.is_eligible(t, t.device.type)
 
 
 @pytest.mark.parametrize("op", [aten.mm.default, aten.addmm.default, aten.linear.default, aten.conv2d.default,

@@ -1,5 +1,5 @@
-"""Code written for ``torch.autocast`` runs unchanged inside a region (src/hpu_autocast/
-_torch_autocast.py): what such code asks torch and what it turns off, answered for the region,
+"""Code written for ``torch.autocast`` runs unchanged inside a region (src/hpu_autocast/_torch/
+autocast.py): what such code asks torch and what it turns off, answered for the region,
 with native ``torch.autocast("cpu")`` as the oracle wherever it has an answer. Sections:
 opt-outs, guards, RNNs without oneDNN, custom ops of ``torch.library.register_autocast``, the
 patches (installed only while a region is open), native autocast around a region, and the limits

@@ -389,7 +389,8 @@ def test_a_threads_first_region_opened_in_backward_leaves_its_frames_inheritable
     # Was (with the one-cell stash): a thread whose first region opened inside backward stashed
     # its cell in the forward's state autograd runs backward under, which was put back after it,
     # and later regions' frames were no longer in the state autograd's worker threads inherit.
-    from hpu_autocast import _regions, _torch
+    from hpu_autocast import _torch
+    from hpu_autocast._engine import regions as _regions
 
     class RegionInBackward(torch.autograd.Function):
         @staticmethod

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from hpu_autocast import (CastPolicy, HpuAutocastMode, Policy, TuneResult, compare, get_preset, record, tune,
                           with_lists)
-from hpu_autocast.builder import ENV_FP32, ENV_LOWER, policy_from_files
+from hpu_autocast.policies.builder import ENV_FP32, ENV_LOWER, policy_from_files
 from hpu_autocast.cli import main
-from hpu_autocast.presets import gaudi_autocast
+from hpu_autocast.policies.presets import gaudi_autocast
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "tune_demo.py"

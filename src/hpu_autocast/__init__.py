@@ -21,8 +21,11 @@ The public names (``__all__``), by what they are for:
 * ``ENGINE``: which engine runs the kernels in this process, ``"c++"`` (the C++ core, built by
   ``hpu-autocast build-core``) or ``"python"`` (``hpu-autocast info`` says why).
 
-``hpu_autocast.testing`` (checking a model against its policy) and ``hpu_autocast.cli`` (the
-``hpu-autocast`` command) are imported on their own. No name here is also the name of a submodule
+``hpu_autocast.testing`` (checking a model against its policy), ``hpu_autocast.cli`` (the
+``hpu-autocast`` command) and ``hpu_autocast.builder`` (policies from list files and Gaudi's
+variables; ``policies/builder.py``) are imported on their own. The layers are packages:
+``policies`` (what a region casts, as data), ``_engine`` (regions and kernels), ``_torch``
+(torch's private surface and every patch of torch); ``docs/design.md`` has the map. No name here is also the name of a submodule
 unless it is that submodule (``tests/test_public_api.py``).
 """
 
@@ -42,16 +45,16 @@ if "torch" not in _sys.modules:
 
 from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
-from ._core import ENGINE
-from .builder import build_policy, policy_from_gaudi_config, with_lists
+from ._engine.core import ENGINE
+from .policies.builder import build_policy, policy_from_gaudi_config, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
-from .names import PolicyError, resolve
+from .policies.names import PolicyError, resolve
 from .numerics import Comparison, compare
 from .opgraph import op_graph
-from .policy import CastPolicy, Policy
-from .presets import get_preset, preset_names
+from .policies.policy import CastPolicy, Policy
+from .policies.presets import get_preset, preset_names
 from .report import PrecisionReport, Recorder
 from .tuning import TuneResult, tune
 
@@ -100,6 +103,12 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-from ._compile_guard import skip_package as _skip_package  # noqa: E402
+from ._torch.compile_guard import skip_package as _skip_package  # noqa: E402
+from .policies import builder  # noqa: E402
+
+# `hpu_autocast.builder` (docs/migration.md, docs/hpu.md: `policy_from_files`) is the policies'
+# builder, which now lives in `policies/`: the documented path names the same module object, so
+# that `import hpu_autocast.builder` and a monkeypatch of it reach the one the package uses.
+_sys.modules[__name__ + ".builder"] = builder
 
 _skip_package()  # a process that already uses Dynamo: the kernels are not traced

@@ -26,9 +26,9 @@ import enum
 from typing import NamedTuple, Optional, Tuple
 
 import torch
-from torch._ops import OpOverload
 
-from .policy import CastPolicy
+from ._torch import OpOverload
+from .policies.policy import CastPolicy
 
 __all__ = ["Event", "Cast", "Outcome", "Level", "short_dtype", "input_dtypes", "first_floating"]
 

@@ -47,13 +47,14 @@ from typing import Any, Callable, Dict, List
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from . import _torch
 from .mode import HpuAutocastMode
 
 __all__ = ["trace", "cast_nodes"]
 
 #: ATen calls that change a tensor's dtype, as the tracer records them.
 _CASTS = frozenset({
-    torch.ops.aten._to_copy.default,
+    _torch.TO_COPY,
     torch.ops.aten.to.dtype,
     torch.ops.prims.convert_element_type.default,
 })

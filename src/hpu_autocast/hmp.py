@@ -40,9 +40,10 @@ from typing import Optional
 import torch
 import torch.autograd
 
+from . import _torch
 from .mode import HpuAutocastMode
-from .builder import policy_from_files
-from .presets import get_preset
+from .policies.builder import policy_from_files
+from .policies.presets import get_preset
 
 __all__ = ["convert", "disable_casts", "reset", "is_converted", "LOGGER_NAME"]
 
@@ -53,12 +54,6 @@ _OPT_LEVELS = {"O1": "hmp", "O2": "hmp-O2"}
 
 # Thread -> the region convert() opened there.
 _converted = threading.local()
-# The autograd entry points convert() wrapped, restored when no thread is converted.
-_originals: dict = {}
-_users = 0
-_lock = threading.Lock()
-
-
 def _uncast(fn):
     @functools.wraps(fn)
     def run_uncast(*args, **kwargs):
@@ -69,27 +64,6 @@ def _uncast(fn):
 
     run_uncast._hpu_autocast_hmp = True
     return run_uncast
-
-
-def _wrap_autograd() -> None:
-    global _users
-    with _lock:
-        if _users == 0:
-            for name in ("backward", "grad"):
-                fn = getattr(torch.autograd, name)
-                _originals[name] = fn
-                setattr(torch.autograd, name, _uncast(fn))
-        _users += 1
-
-
-def _unwrap_autograd() -> None:
-    global _users
-    with _lock:
-        _users -= 1
-        if _users == 0:
-            for name, fn in _originals.items():
-                setattr(torch.autograd, name, fn)
-            _originals.clear()
 
 
 class _PrintHandler(logging.Handler):
@@ -144,7 +118,7 @@ def convert(opt_level: str = "O1", bf16_file_path: str = "", fp32_file_path: str
     mode = HpuAutocastMode(torch.bfloat16, policy=policy, cache_enabled=False, observer=observer)
     mode.__enter__()
     _converted.mode = mode
-    _wrap_autograd()
+    _torch.wrap_autograd(_uncast)  # counted: restored when no thread is converted
 
 
 def is_converted() -> bool:
@@ -161,7 +135,7 @@ def reset() -> None:
         return
     mode.__exit__(None, None, None)
     _converted.mode = None
-    _unwrap_autograd()
+    _torch.unwrap_autograd()
 
 
 def disable_casts() -> HpuAutocastMode:

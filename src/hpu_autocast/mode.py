@@ -11,12 +11,13 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-from . import _devices, _engine
-from ._table import compile_policy
-from .builder import as_policy as _as_policy
+from . import _engine
+from .policies import _devices
+from .policies._table import compile_policy
+from .policies.builder import as_policy as _as_policy
 from .events import Event
 from .log import combine_observers, make_log_observer
-from .policy import Policy
+from .policies.policy import Policy
 from .report import Recorder
 
 __all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "record", "default_device_type"]

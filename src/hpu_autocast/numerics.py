@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable, List
 
 import torch
-from torch.utils._pytree import tree_flatten_with_path, keystr
 
+from ._torch import keystr, tree_flatten_with_path
 from .events import short_dtype
 
 __all__ = ["compare", "compare_outputs", "Comparison", "OutputError"]

@@ -16,16 +16,16 @@ from __future__ import annotations
 from typing import Callable, Dict, List
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from . import _torch
+from ._torch import TorchDispatchMode, tree_flatten
 from .events import short_dtype
 
 __all__ = ["op_graph"]
 
 #: Autograd bookkeeping, not computation: drawn as the tensor they pass through.
 _PASS_THROUGH = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
-_CAST = torch.ops.aten._to_copy.default
+_CAST = _torch.TO_COPY
 _LOWER = (torch.bfloat16, torch.float16)
 
 

@@ -31,14 +31,14 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import flop_registry
 
-from . import _core, _ops
+from ._engine import core as _core
+from ._torch import TorchDispatchMode, tree_map
+from .policies import _ops
 from .events import Event, Outcome, short_dtype
 from .log import decision
-from .policy import CastPolicy
+from .policies.policy import CastPolicy
 
 __all__ = ["Recorder", "PrecisionReport", "Row"]
 

@@ -50,14 +50,15 @@ from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
-from torch._ops import OpOverload
 
-from . import _ops
-from .builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
+from . import _torch
+from ._torch import OpOverload
+from .policies import _ops
+from .policies.builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
 from .events import short_dtype
-from .names import PolicyError, resolve
+from .policies.names import PolicyError, resolve
 from .numerics import compare_outputs
-from .policy import CastPolicy, Policy
+from .policies.policy import CastPolicy, Policy
 from .mode import HpuAutocastMode
 from .report import Recorder, _table
 
@@ -508,9 +509,7 @@ def _check_args(fn, tolerance, metric, max_runs, progress) -> float:
 
 def _floating_elements(out) -> int:
     """How many floating elements the outputs ``out`` (tensors, nested in lists, tuples, dicts) hold."""
-    from torch.utils._pytree import tree_leaves
-
-    return sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
+    return sum(t.numel() for t in _torch.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
 def _reference(runner: "_Runner", metric: Optional[Callable]):

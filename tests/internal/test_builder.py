@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpu_autocast import CastPolicy, PolicyError
-from hpu_autocast.builder import policy_from_files
+from hpu_autocast.policies.builder import policy_from_files
 from test_builder import _write
 
 VALID = ["mm", "aten::addmm", "aten.bmm", "aten.mv.default", "addmm.out", "truediv", "iadd",
@@ -21,7 +21,7 @@ name_chars = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=4, max_siz
        invalid=st.lists(name_chars.filter(lambda n: n not in VALID), max_size=3, unique=True),
        data=st.data())
 def test_generated_list_files(tmp_path, valid, invalid, data):
-    from hpu_autocast.names import _known_names
+    from hpu_autocast.policies.names import _known_names
 
     invalid = [n for n in invalid if n not in _known_names() and not n.startswith("_")]
     lines = data.draw(st.permutations(valid + invalid))

@@ -32,8 +32,8 @@ from _below import NativeCUDA, trace
 from _parity import VARIANTS
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset
-from hpu_autocast._ops import all_overloads, has_kernel, is_composite, op_base_name
-from hpu_autocast.presets import PRESETS
+from hpu_autocast.policies._ops import all_overloads, has_kernel, is_composite, op_base_name
+from hpu_autocast.policies.presets import PRESETS
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

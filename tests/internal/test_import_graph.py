@@ -90,7 +90,7 @@ def _cycle(edges: Dict[str, Set[str]]) -> List[str]:
 def test_the_reader_sees_imports_inside_functions():
     # mode imports report only inside __enter__; the graph has the edge all the same.
     assert "hpu_autocast.report" in _edges()["hpu_autocast.mode"]
-    assert "hpu_autocast._build" in _edges()["hpu_autocast.presets"]
+    assert "hpu_autocast.policies._build" in _edges()["hpu_autocast.policies.presets"]
 
 
 def test_no_import_cycles():
@@ -105,6 +105,20 @@ def test_no_import_cycles():
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_frame_stack_knows_nothing_of_the_core_or_the_patches():
+    # A region's entry is composed in _engine.entry (its Note); the frame stack only keeps frames.
+    assert _edges()["hpu_autocast._engine.regions"].isdisjoint({
+        "hpu_autocast._engine.core", "hpu_autocast._engine.kernels", "hpu_autocast._engine.entry",
+        "hpu_autocast._torch.autocast", "hpu_autocast._torch.torchscript", "hpu_autocast._torch.compile_guard"})
+
+
+def test_the_policies_do_not_import_the_engine_or_the_tools():
+    # Policies are data below the engine: they ask torch's surface (_torch) and nothing above.
+    for name, targets in _edges().items():
+        if name.startswith("hpu_autocast.policies"):
+            assert {t for t in targets if not t.startswith("hpu_autocast.policies") and t != "hpu_autocast._torch"} == set(), name
 
 
 def test_no_two_modules_share_a_name():

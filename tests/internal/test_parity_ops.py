@@ -29,8 +29,9 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from _parity import ATEN, VARIANTS, aten_call, differences, run, run_with_grad
 from _samples import SAMPLES, build
-from hpu_autocast import HpuAutocastMode, _core, get_preset
-from hpu_autocast._ops import all_overloads, has_kernel, op_base_name
+from hpu_autocast import HpuAutocastMode, get_preset
+from hpu_autocast._engine import core as _core
+from hpu_autocast.policies._ops import all_overloads, has_kernel, op_base_name
 
 POLICY = get_preset("torch-cpu")
 DTYPES = [torch.bfloat16, torch.float16]

@@ -1,12 +1,12 @@
 """The torch-cuda preset against seed 003, with what torch registers for ``AutocastCUDA``
-(``hpu_autocast._ops``)."""
+(``hpu_autocast.policies._ops``)."""
 
 from __future__ import annotations
 
 import torch
 
 from hpu_autocast import CastPolicy, get_preset
-from hpu_autocast.presets import torch_amp_cuda as cuda_data
+from hpu_autocast.policies.presets import torch_amp_cuda as cuda_data
 from test_presets import _ops, torch_doc_lists
 
 
@@ -18,7 +18,7 @@ def test_torch_cuda_lists_are_seed_003s():
     # cast at their entry); plus what it registers beyond the document (test_drift checks those
     # against native where CUDA is), and the float32 ops torch registers with its two float32
     # dtype policies on those lists instead.
-    from hpu_autocast._ops import has_kernel
+    from hpu_autocast.policies._ops import has_kernel
 
     def kept(names):
         out = set()

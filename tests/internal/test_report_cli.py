@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import hpu_autocast
-from hpu_autocast import _report_cli
+from hpu_autocast.cli import report_command as _report_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "examples" / "report_demo.py")
@@ -55,7 +55,7 @@ def _dynamo_import_runs_tensor_ops() -> bool:
 def test_report_command_on_the_demo(tmp_path):
     # Run as a user would, in a fresh interpreter.
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "hpu_autocast._report_cli", "report", "--json", str(tmp_path / "r.json"), DEMO]
+    cmd = [sys.executable, "-m", "hpu_autocast.cli.report_command", "report", "--json", str(tmp_path / "r.json"), DEMO]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     loss, report = out.split("\n", 1)
     assert re.fullmatch(r"loss \d+\.\d{4}", loss)

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import hpu_autocast
-from hpu_autocast import HpuAutocastMode, _dispatch, _engine
+from hpu_autocast import HpuAutocastMode, _engine
+from hpu_autocast._engine import dispatch as _dispatch
 
 VOCAB, D, SEQ, BATCH = 12, 16, 8, 8
 

@@ -69,10 +69,11 @@ def _import_lightning() -> Tuple[type, type, str]:
                       "pip install lightning")
 
 
+
 MixedPrecision, FabricMixedPrecision, LIGHTNING = _import_lightning()
 
 from ..mode import HpuAutocastMode  # noqa: E402
-from ..policy import Policy  # noqa: E402
+from ..policies.policy import Policy  # noqa: E402
 
 __all__ = ["HpuAutocastPrecision", "HpuAutocastFabricPrecision", "LIGHTNING"]
 

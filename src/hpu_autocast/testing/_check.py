@@ -33,17 +33,15 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
-from torch._ops import OpOverload
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .. import _engine, _torch
+from .._torch import OpOverload, TorchDispatchMode, keystr, tree_flatten, tree_flatten_with_path
 from .. import mode as _mode
-from ..builder import as_policy
+from ..policies.builder import as_policy
 from ..events import Event, Outcome, short_dtype
 from ..log import combine_observers
-from ..policy import CastPolicy, Policy
+from ..policies.policy import CastPolicy, Policy
 
 __all__ = ["Kind", "Deviation", "Deviations", "PolicyViolation", "check_policy", "assert_follows_policy",
            "watch_policy", "Watch"]
@@ -51,7 +49,7 @@ __all__ = ["Kind", "Deviation", "Deviations", "PolicyViolation", "check_policy",
 _F64 = torch.float64
 _F32 = torch.float32
 _LOW = (torch.bfloat16, torch.float16)
-_TO_COPY = torch.ops.aten._to_copy.default
+_TO_COPY = _torch.TO_COPY
 _current_node = _torch.current_autograd_node
 
 

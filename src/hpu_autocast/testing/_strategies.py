@@ -20,12 +20,13 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
-from torch._ops import OpOverload
 
-from .. import _engine, _ops
+from .. import _engine, _torch
+from .._torch import OpOverload
+from ..policies import _ops
 from .. import mode as _mode
-from ..policy import CastPolicy, Policy
-from ..presets import get_preset, preset_names
+from ..policies.policy import CastPolicy, Policy
+from ..policies.presets import get_preset, preset_names
 
 __all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "ELIGIBLE_DTYPES"]
 
@@ -216,11 +217,11 @@ def _scalar_for(arg, draw, ndim: int):
 def _kind(arg) -> str:
     """``Tensor``, ``Tensor?``, ``Tensor[]``, or the schema's spelling of another type."""
     t = arg.type
-    if isinstance(t, torch._C.OptionalType) and isinstance(t.getElementType(), torch._C.TensorType):
+    if isinstance(t, _torch.OptionalType) and isinstance(t.getElementType(), _torch.TensorType):
         return "Tensor?"
-    if isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), (torch._C.TensorType, torch._C.OptionalType)):
+    if isinstance(t, _torch.ListType) and isinstance(t.getElementType(), (_torch.TensorType, _torch.OptionalType)):
         return "Tensor[]"
-    return "Tensor" if isinstance(t, torch._C.TensorType) else str(t)
+    return "Tensor" if isinstance(t, _torch.TensorType) else str(t)
 
 
 class _NoRule(Exception):
@@ -346,7 +347,7 @@ def model_inputs(example, *, batch: tuple = (1, 8), seq: Optional[tuple] = (1, 6
     between its smallest and largest value, bool tensors random. Other leaves are kept.
     Tensors are made on the example's device unless ``device`` is given.
     """
-    leaves, spec = torch.utils._pytree.tree_flatten(example)
+    leaves, spec = _torch.tree_flatten(example)
 
     @st.composite
     def draw_inputs(draw):
@@ -372,6 +373,6 @@ def model_inputs(example, *, batch: tuple = (1, 8), seq: Optional[tuple] = (1, 6
                 lo, hi = (int(leaf.min()), int(leaf.max())) if leaf.numel() else (0, 1)
                 t = torch.randint(lo, hi + 1, shape, generator=g, dtype=leaf.dtype)
             out.append(t.to(dev))
-        return torch.utils._pytree.tree_unflatten(out, spec)
+        return _torch.tree_unflatten(out, spec)
 
     return draw_inputs()

@@ -2,7 +2,7 @@
 
 A ``Policy`` knows nothing about how casting happens, nor about op names: the engine reads
 it, ``hpu_autocast.builder`` builds it from names (with ``_build``'s builders, which resolve
-them through ``hpu_autocast.names``), and ``hpu_autocast.presets`` says which names make each
+them through ``hpu_autocast.policies.names``), and ``hpu_autocast.policies.presets`` says which names make each
 preset. What a build let go of is its ``BuildRecord``, kept beside the value.
 """
 
@@ -14,8 +14,8 @@ from types import MappingProxyType
 from typing import Mapping, Optional
 
 import torch
-from torch._ops import OpOverload
 
+from .._torch import OpOverload
 from . import _ops
 
 __all__ = ["CastPolicy", "Policy", "BuildRecord", "EXPLICIT_DTYPE"]

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from . import _torch
+from .. import _torch
 
 __all__ = ["REGION_DEVICE_TYPES", "NATIVE_AUTOCAST_DEVICES", "NATIVE_AUTOCAST_HERE", "MIXED_PARAMS_DEVICES", "tensor_on",
            "native_autocast_keys", "check_dtype", "hpu_device_name", "default_cache_enabled", "default_device_type"]
@@ -31,7 +31,7 @@ NATIVE_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "m
 
 def _has_native_autocast(device: str) -> bool:
     try:
-        torch._C.is_autocast_enabled(device)
+        _torch.native_autocast_enabled(device)
     except RuntimeError:  # torch 2.4 knows no mps, mtia or maia autocast
         return False
     return True

@@ -2,7 +2,7 @@
 reference ("CUDA Ops that can autocast to float16", "CUDA Ops that can autocast to float32", "CUDA
 Ops that promote to the widest input type"; seed 003, tests/seeds/003_torch_amp.txt), verbatim,
 with the Python-level names the docs use (``__matmul__``, ``GRUCell``) resolved by
-``hpu_autocast.names``. bfloat16 shares the float16 list.
+``hpu_autocast.policies.names``. bfloat16 shares the float16 list.
 
 The document lists every float32 op together; torch registers some of them with its other two
 float32 cast policies (``FP32_SET_OPT_DTYPE``, ``FP32_APPEND_DTYPE`` below, from ATen's

@@ -7,9 +7,9 @@ import functools
 from typing import Iterator, List, Optional
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
 
-from . import _torch
+from .. import _torch
+from .._torch import OpOverload, OpOverloadPacket
 
 # Note: the composite batch_norm schemas do not mark their running statistics as written,
 # yet the kernels update them in place. A cast copy would swallow those writes, so they are
@@ -224,13 +224,13 @@ def dtype_positions(op: OpOverload) -> tuple:
 def optional_dtype_positions(op: OpOverload) -> tuple:
     """Positions of ``op``'s ``ScalarType?`` arguments: what ``fp32_set_opt_dtype`` sets."""
     return tuple(i for i, a in enumerate(op._schema.arguments)
-                 if _is_dtype(a) and isinstance(a.type, torch._C.OptionalType))
+                 if _is_dtype(a) and isinstance(a.type, _torch.OptionalType))
 
 
 def first_is_tensor(op: OpOverload) -> bool:
     """Whether ``op``'s first argument is a ``Tensor`` (the float32 dtype policies read it)."""
     args = op._schema.arguments
-    return bool(args) and isinstance(args[0].type, torch._C.TensorType)
+    return bool(args) and isinstance(args[0].type, _torch.TensorType)
 
 
 @functools.lru_cache(maxsize=None)
@@ -242,6 +242,6 @@ def append_dtype_overload(op: OpOverload) -> Optional[OpOverload]:
     if target is None:
         return None
     mine, theirs = op._schema.arguments, target._schema.arguments
-    if len(theirs) != len(mine) + 1 or not _is_dtype(theirs[-1]) or isinstance(theirs[-1].type, torch._C.OptionalType):
+    if len(theirs) != len(mine) + 1 or not _is_dtype(theirs[-1]) or isinstance(theirs[-1].type, _torch.OptionalType):
         return None
     return target

@@ -8,8 +8,8 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _torch
-from .events import Cast
+from .. import _torch
+from ..events import Cast
 
 __all__ = ["cached_cast", "CAST"]
 

@@ -71,14 +71,16 @@ import threading
 from typing import Callable, Dict, Optional
 
 import torch
-from torch._ops import OpOverload
 from torch.library import Library, fallthrough_kernel
 
-from . import _core, _ops, _torch
+from . import core as _core
+from .. import _torch
+from .._torch import OpOverload
+from ..policies import _ops
 
 __all__ = ["Keys", "keys", "KeyGuard", "ThreadSwitch", "thread_switch"]
 
-_DK = torch._C.DispatchKey
+_DK = _torch.DispatchKey
 _set_included = _torch.set_included
 _set_excluded = _torch.set_excluded
 _is_included = _torch.is_included

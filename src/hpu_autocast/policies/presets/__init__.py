@@ -1,5 +1,5 @@
 """The preset registry: each preset is a data module, holding the op names of one source
-document, and the options ``build_policy`` (``hpu_autocast._build``) builds it with. The rules a
+document, and the options ``build_policy`` (``hpu_autocast.policies._build``) builds it with. The rules a
 document states and the quirks of torch versions (names a build lacks, overloads it registers
 for an autocast dispatch key) are options here, never part of the data modules.
 

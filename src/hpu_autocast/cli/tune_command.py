@@ -8,7 +8,7 @@ The script is run as a module (``__name__`` is ``"__hpu_autocast_tune__"``, so i
 
 ``fn(*inputs)`` is what ``hpu_autocast.tune`` runs (``inputs``: a tuple of positional
 arguments, or one tensor); ``metric(reference, outputs) -> float`` replaces the default error.
-``cli.py`` registers the subcommand with ``add_parser(subparsers)``.
+``cli/__init__.py`` registers the subcommand with ``add_parser(subparsers)``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from ._report_cli import DTYPES, add_script_arguments, check_script_arguments, policy_of
+from .report_command import DTYPES, add_script_arguments, check_script_arguments, policy_of
 
 __all__ = ["add_parser", "run", "load_target", "TargetError", "TARGET", "RUN_NAME"]
 
@@ -85,7 +85,7 @@ def run(ns: argparse.Namespace) -> int:
     """Tune and print the result; write the files asked for. Exit status 0 when the tolerance
     is met, 1 when it is not, 2 when the script names nothing to tune or a flag is out of range
     (``UsageError``, also for an unknown preset or a missing script: 1 keeps meaning "not met")."""
-    from .tuning import tune
+    from ..tuning import tune
 
     check_script_arguments(ns)
     if not ns.tolerance >= 0 or ns.max_runs < 3:  # `not >=`: a nan tolerance too

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ._table import OpRule
+from ..policies._table import OpRule
 
 __all__ = ["into", "write_back"]
 

@@ -21,18 +21,20 @@ import functools
 from typing import Callable, Iterator, Optional, Tuple
 
 import torch
-from torch._ops import OpOverload
 
-from . import _compile_guard, _dispatch, _ops, _torch
-from ._cast_cache import CAST, cached_cast
-from ._devices import native_autocast_keys, tensor_on
-from ._dispatch import KeyGuard
-from ._inplace import into, write_back
-from ._regions import Frame, _get_frame, innermost
-from ._table import OpRule
-from .events import Event, Level, Outcome, first_floating, input_dtypes
-from .policy import CastPolicy
-from .rules import compute_dtype, has_explicit_dtype
+from . import dispatch as _dispatch
+from .. import _torch
+from .._torch import OpOverload, compile_guard as _compile_guard
+from ..policies import _ops
+from .cast_cache import CAST, cached_cast
+from ..policies._devices import native_autocast_keys, tensor_on
+from .dispatch import KeyGuard
+from .inplace import into, write_back
+from .regions import Frame, _get_frame, innermost
+from ..policies._table import OpRule
+from ..events import Event, Level, Outcome, first_floating, input_dtypes
+from ..policies.policy import CastPolicy
+from ..policies.rules import compute_dtype, has_explicit_dtype
 
 __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
 
@@ -40,7 +42,7 @@ _FLOAT32 = torch.float32
 _Tensor = torch.Tensor
 _is_excluded = _torch.is_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
-_cache_on = torch._C.is_autocast_cache_enabled
+_cache_on = _torch.autocast_cache_enabled
 
 
 def keys() -> _dispatch.Keys:
@@ -65,7 +67,7 @@ def make_kernel(op: OpOverload) -> Callable:
     # Positional arguments typed Tensor: a Python kernel receives a wrapped scalar (the 3 of
     # x / 3) there as a Python number, which a boxed redispatch refuses.
     slots = tuple(i for i, a in enumerate(op._schema.arguments)
-                  if not a.kwarg_only and isinstance(a.type, torch._C.TensorType))
+                  if not a.kwarg_only and isinstance(a.type, _torch.TensorType))
 
     def kernel(keyset, *args, **kwargs):
         frame = _get_frame()
@@ -429,8 +431,8 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     return out
 
 
-_native_get_dtype = torch._C.get_autocast_dtype
-_native_set_dtype = torch._C.set_autocast_dtype
+_native_get_dtype = _torch.native_autocast_dtype
+_native_set_dtype = _torch.set_native_autocast_dtype
 
 
 def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,

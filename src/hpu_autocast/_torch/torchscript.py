@@ -49,9 +49,9 @@ from typing import Callable, Dict
 
 import torch
 
-from . import _regions
-from ._table import policy_serial
-from .presets import get_preset
+from .._engine import regions as _regions
+from ..policies._table import policy_serial
+from ..policies.presets import get_preset
 
 __all__ = ["PATCHED", "install", "restore"]
 

@@ -23,12 +23,12 @@ import sys
 import warnings
 from typing import Dict, List, Optional, Sequence
 
-from . import _gaudi_check, _report_cli, _tune_cli
-from ._report_cli import Parser, UsageError
-from .builder import check_findings, policy_from_files, read_list
-from .policy import CastPolicy, Policy
-from .presets import get_preset, preset_names
-from .names import PolicyError, resolve
+from . import gaudi_check as _gaudi_check, report_command as _report_cli, tune_command as _tune_cli
+from .report_command import Parser, UsageError
+from ..policies.builder import check_findings, policy_from_files, read_list
+from ..policies.policy import CastPolicy, Policy
+from ..policies.presets import get_preset, preset_names
+from ..policies.names import PolicyError, resolve
 
 __all__ = ["build_parser", "main", "policy_rows", "render_policy", "policies_markdown"]
 
@@ -202,7 +202,8 @@ def _cmd_docs(ns: argparse.Namespace) -> int:
 def _cmd_info(ns: argparse.Namespace) -> int:
     import torch
 
-    from . import __version__, _core, _core_build
+    from .. import __version__
+    from .._engine import core as _core, core_build as _core_build
 
     print(f"hpu_autocast {__version__}, torch {torch.__version__}")
     print(f"engine: {_core.ENGINE} ({_core.REASON})")
@@ -211,7 +212,7 @@ def _cmd_info(ns: argparse.Namespace) -> int:
 
 
 def _cmd_build_core(ns: argparse.Namespace) -> int:
-    from . import _core_build
+    from .._engine import core_build as _core_build
 
     try:
         path = _core_build.build(verbose=ns.verbose)

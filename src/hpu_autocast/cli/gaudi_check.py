@@ -49,7 +49,7 @@ _SUMMARY = re.compile(r"^=* ?\d+ (passed|failed|error|skipped|xfailed|xpassed|de
 def repo_root() -> Optional[Path]:
     """The checkout holding ``tests/`` and ``benchmarks/``: this package's, else the working
     directory; ``None`` when neither has them (an installed copy)."""
-    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+    for root in (Path(__file__).resolve().parents[3], Path.cwd()):
         if (root / "tests").is_dir() and (root / "benchmarks").is_dir():
             return root
     return None
@@ -57,7 +57,7 @@ def repo_root() -> Optional[Path]:
 
 def _bridge() -> Tuple[str, str, str]:
     """Gaudi's bridge: its version, the device's name and the execution mode."""
-    from . import hpu
+    from .. import hpu
 
     if not hpu.hpu_importable():
         return "not installed", "-", "-"
@@ -85,7 +85,8 @@ def versions() -> List[str]:
 
     import torch
 
-    from . import __version__, _core
+    from .. import __version__
+    from .._engine import core as _core
 
     bridge, device, mode = _bridge()
     return [f"hpu_autocast {__version__}, engine {_core.ENGINE} ({_core.REASON})",

@@ -1,8 +1,8 @@
 """``hpu-autocast report SCRIPT.py [args]``: run an unmodified script under the mode and print
 the precision report when it ends.
 
-``cli.py`` registers the subcommand with ``add_parser(subparsers)``; ``python -m
-hpu_autocast._report_cli report ...`` runs it on its own.
+``cli/__init__.py`` registers the subcommand with ``add_parser(subparsers)``; ``python -m
+hpu_autocast.cli.report_command report ...`` runs it on its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import torch
 
-from .builder import policy_from_files
+from ..policies.builder import policy_from_files
 
 __all__ = ["add_parser", "add_script_arguments", "check_script_arguments", "policy_of", "UsageError", "Parser",
            "DTYPES", "run", "main"]
@@ -67,7 +67,7 @@ def add_script_arguments(p: argparse.ArgumentParser, script_help: str) -> None:
 def check_script_arguments(ns: argparse.Namespace) -> None:
     """Raise ``UsageError`` for what would make the command fail once started: the preset is not
     one, the script is not a file."""
-    from .presets import preset_names
+    from ..policies.presets import preset_names
 
     if ns.preset not in preset_names():
         raise UsageError(f"--preset {ns.preset!r} is not a preset; valid presets: {', '.join(preset_names())}")
@@ -90,8 +90,8 @@ def run(ns: argparse.Namespace) -> int:
     ``sys.exit("message")`` prints the message to stderr and gives 1, an exception prints its
     traceback (from the script's frames on) to stderr and gives 1; the report is printed and
     written first. ``KeyboardInterrupt`` propagates (after the report)."""
-    from .mode import HpuAutocastMode
-    from .report import Recorder
+    from ..mode import HpuAutocastMode
+    from ..report import Recorder
 
     check_script_arguments(ns)
     if ns.plot:
@@ -163,7 +163,7 @@ def _print_script_traceback(exc: BaseException) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = Parser(prog="python -m hpu_autocast._report_cli")
+    parser = Parser(prog="python -m hpu_autocast.cli.report_command")
     add_parser(parser.add_subparsers(dest="command", required=True))
     ns = parser.parse_args(argv)
     try:

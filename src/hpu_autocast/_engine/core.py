@@ -26,8 +26,9 @@ from typing import Optional
 
 import torch
 
-from . import _core_build, _ops
-from ._devices import native_autocast_keys
+from . import core_build as _core_build
+from ..policies import _ops
+from ..policies._devices import native_autocast_keys
 
 __all__ = ["core", "ENGINE", "REASON", "new_cache", "region_for", "set_frame", "register"]
 

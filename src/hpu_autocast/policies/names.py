@@ -18,9 +18,10 @@ import difflib
 import functools
 from typing import List, Optional, Tuple, Union
 
-from torch._ops import OpOverload
 
-from . import _ops, _torch
+from . import _ops
+from .. import _torch
+from .._torch import OpOverload
 
 __all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "describe", "is_python_name", "resolve", "suggestions"]
 

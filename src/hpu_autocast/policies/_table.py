@@ -14,9 +14,10 @@ import weakref
 from typing import Dict, Optional
 
 import torch
-from torch._ops import OpOverload
 
-from . import _ops, _torch
+from . import _ops
+from .. import _torch
+from .._torch import OpOverload
 from ._devices import MIXED_PARAMS_DEVICES
 from .policy import CastPolicy, Policy
 
@@ -159,7 +160,7 @@ class CompiledPolicy:
             op = _ops.overload_named(name)
             if op is None or id(op) in self.by_id:
                 continue
-            rule = OpRule(op, None, native=getattr(torch._C.DispatchKey, key))
+            rule = OpRule(op, None, native=getattr(_torch.DispatchKey, key))
             self.rules[op] = self.by_id[id(op)] = rule
             added.append(op)
         return added

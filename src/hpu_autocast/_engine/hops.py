@@ -48,9 +48,11 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _dispatch, _regions, _torch, _torch_autocast
-from ._devices import native_autocast_keys
-from ._dispatch import KeyGuard
+from . import dispatch as _dispatch, regions as _regions
+from .. import _torch
+from .._torch import autocast as _torch_autocast
+from ..policies._devices import native_autocast_keys
+from .dispatch import KeyGuard
 
 __all__ = ["cover"]
 
@@ -131,9 +133,7 @@ _COND_JOINTS = ("_true_bw_fn", "_false_bw_fn")
 def _joint_in_region(out) -> None:
     """Wrap the joint functions on the autograd node of ``cond``'s outputs ``out`` to run whole in
     a region with the calling context's state now (the Note)."""
-    from torch.utils._pytree import tree_leaves
-
-    for t in tree_leaves(out):
+    for t in _torch.tree_leaves(out):
         node = getattr(t, "grad_fn", None)
         if node is None or getattr(node, "_hpu_autocast_joint", False):
             continue
@@ -144,7 +144,7 @@ def _joint_in_region(out) -> None:
 
 
 def _is_function(a) -> bool:
-    return callable(a) and not isinstance(a, (torch.Tensor, torch._ops.OperatorBase))
+    return callable(a) and not isinstance(a, (torch.Tensor, _torch.OperatorBase))
 
 
 def _bind(fn: Callable) -> Callable:

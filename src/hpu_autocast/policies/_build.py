@@ -16,8 +16,9 @@ import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
-from torch._ops import OpOverload
 
+from .. import _torch
+from .._torch import OpOverload
 from . import _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
 from .policy import BuildRecord, CastPolicy, Policy, takes
@@ -149,8 +150,8 @@ def never_registered(function: str) -> Optional[str]:
         return f"Gaudi's bridge registers no autocast kernel for a function whose name contains {part!r}"
     if function in AUTOCAST_BLOCKLIST:
         return "Gaudi's bridge registers no autocast kernel for it (gen_op.py's AUTOCAST_BLOCKLIST)"
-    if hasattr(torch._C.TensorBase, function) and not any(
-            hasattr(getattr(torch._C, ns, None), function) for ns in _FUNCTION_NAMESPACES):
+    if hasattr(_torch.TensorBase, function) and not any(
+            hasattr(_torch.c_function_namespace(ns), function) for ns in _FUNCTION_NAMESPACES):
         return "a Tensor method with no function variant, for which Gaudi's bridge registers no autocast kernel"
     return None
 
@@ -283,7 +284,7 @@ def build_policy(
 ) -> Policy:
     """Build a ``Policy`` from op names.
 
-    Each list holds names (see ``hpu_autocast.names``) or ``(name, (file, line))`` pairs,
+    Each list holds names (see ``hpu_autocast.policies.names``) or ``(name, (file, line))`` pairs,
     which error messages then cite: ``lower``, ``fp32``, ``promote`` and ATen's two float32
     dtype policies, ``fp32_set_opt_dtype`` (softmax, sum: an unset dtype argument becomes
     float32) and ``fp32_append_dtype`` (norm: the overload with a dtype argument is called);

@@ -1,9 +1,10 @@
-"""Regions and frames: what casting reads in the current context.
+"""Regions and frames: what casting reads in the current context, the frame stack.
 
-``enter`` / ``exit`` open and close a ``Region`` (one entry of an ``HpuAutocastMode``) in the
-calling context; ``innermost`` / ``current`` / ``observing`` read the casting state there, and
-``replace_innermost`` changes it (a ``torch.autocast`` inside a region). The kernels that apply it
-are ``_kernels``'; ``_engine`` puts the two together.
+A ``Region`` is what one entry of an ``HpuAutocastMode`` asked for and owns; ``push`` / ``pop``
+make its frame the calling context's innermost and take it off, ``innermost`` / ``current`` /
+``observing`` read the casting state there, and ``replace_innermost`` changes it (a
+``torch.autocast`` inside a region). The stack knows nothing of the kernels, the C++ core or the
+patches of torch: a region's entry and exit around it are ``entry``'s.
 
 [Note: regions, frames, contexts]
 A ``Region`` is one entry of an ``HpuAutocastMode``. A ``Frame`` is what casting reads in one
@@ -23,22 +24,18 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import _compile_guard, _core, _dispatch, _torch
-from ._devices import NATIVE_AUTOCAST_HERE
-from .rules import eligibility
-from ._table import CompiledPolicy, OpRule
-from .events import Event
+from . import dispatch as _dispatch
+from .. import _torch
+from ..policies._devices import NATIVE_AUTOCAST_HERE
+from ..policies.rules import eligibility
+from ..policies._table import CompiledPolicy, OpRule
+from ..events import Event
 
-__all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
+__all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "push", "nest", "pop",
            "replace_innermost", "native_devices", "keep_policy_off", "GUARD"]
 
 _EMPTY: Dict[int, OpRule] = {}
-_cache_on = torch._C.is_autocast_cache_enabled
-_set_cache_on = torch._C.set_autocast_cache_enabled
-_increment_nesting = torch.autocast_increment_nesting
-_decrement_nesting = torch.autocast_decrement_nesting
-_clear_native_cache = torch._C.clear_autocast_cache
-_thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
+_thread = threading.local()  # per thread: the cell stashed for autograd's threads (inherited)
 
 
 class Region:
@@ -99,6 +96,8 @@ class Frame:
 
 _FRAME: ContextVar[Optional[Frame]] = ContextVar("hpu_autocast_frame", default=None)
 _get_frame = _FRAME.get
+#: The frame the calling context holds, as set (``innermost`` skips closed regions' and other threads').
+context_frame = _FRAME.get
 
 # Autograd runs backward on worker threads of its own (CUDA), which start with an empty context
 # but inherit the caller's thread-local state, torch's Python objects stashed there included
@@ -134,7 +133,6 @@ def _set_frame(frame: Optional[Frame]) -> None:
         _thread.inherited.frame = frame
     except AttributeError:  # a thread with no region of its own changing one it inherited
         _stashed_cell().frame = frame
-    _core.set_frame(frame)
 
 
 def _open(frame: Optional[Frame]) -> Optional[Frame]:
@@ -193,68 +191,23 @@ def observing() -> bool:
     return frame is not None and frame.region.observer is not None
 
 
-_native_is_enabled = torch._C.is_autocast_enabled
-_native_set_enabled = torch._C.set_autocast_enabled
-
-
-def enter(region: Region, k: _dispatch.Keys, opened: Callable[[], None]) -> None:
-    """Open ``region`` in the calling context, on the borrowed keys ``k``: it becomes the
-    innermost frame. ``opened`` is called once the region is sure to open (the engine passes
-    ``_torch_autocast.acquire``, which counts it among the process's open regions); ``exit``
-    takes its counterpart.
-
-    A region with a policy owns autocast for its device type while it is open: torch's own
-    autocast for that device, if on (an enclosing ``torch.autocast``), is suspended, so the
-    innermost decides, and it is restored at the exit."""
-    if region.observes:
-        k.observing_opened()  # first: it raises when no key is free for it
-    opened()
-    compiled = region.compiled
-    if compiled is not None and region.enabled:
-        if not compiled.registered:
-            k.register(compiled.rules)
-            compiled.registered = True
-        if compiled.policy.native is not None:
-            native = compiled.native_ops()
-            if native:
-                k.register(native)
-    parent = innermost()
+def push(region: Region, parent: Optional[Frame]) -> Frame:
+    """Make ``region`` the calling context's innermost frame, nested in ``parent`` (the innermost
+    before it, ``None`` for the thread's outermost, which stashes the thread's cell first)."""
     if parent is None:
         _stashed_cell()
-        region.cache = _core.new_cache()
-    else:
-        # As torch.autocast: one cast cache for the outermost region and all nested in it.
-        region.cache = parent.region.cache
-        region.owns_cache = False
-        if region.compiled is None and not region.enabled:
-            _opt_out_of(parent, region)
-    region.core = _core.region_for(region, k)
-    region.switch = switch = _dispatch.thread_switch()
-    region.thread = threading.get_ident()
-    switch.ops += 1
-    if region.observes:
-        switch.all += 1
-    switch.sync(k)
-    if region.observer is not None:
-        region.eager = _compile_guard.observing_opened()
-    # As torch.autocast: a region counts in torch's autocast nesting, so a torch.autocast nested
-    # in it does not clear the cast caches at its exit (it calls torch.clear_autocast_cache only
-    # when it leaves the outermost autocast context, which the region then is).
-    _increment_nesting()
-    region.cache_was = _cache_on()
-    if switch.ops == 1:
-        _thread.cache_was = region.cache_was  # the first region open in this thread: torch's flag before
-    if compiled is not None:
-        # As torch.autocast's entry: torch's cache flag says what this region caches (the kernels
-        # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).
-        _set_cache_on(region.cache_enabled)
-    # A region owns autocast for its device: torch's own is suspended there, so the innermost
-    # decides (a disabled one, disable_casts(), turns it off as torch.autocast(enabled=False)).
-    if region.every_device and not region.enabled:
-        region.native_was_on = _suspend(native_devices(k))
-    elif region.device_type != "meta" and _native_is_enabled(region.device_type):  # no meta autocast
-        region.native_was_on = _suspend((region.device_type,))
-    _set_frame(Frame(region, parent, region.enabled, region.dtype))
+    frame = Frame(region, parent, region.enabled, region.dtype)
+    _set_frame(frame)
+    return frame
+
+
+def nest(region: Region, parent: Frame) -> None:
+    """What a region opening inside ``parent`` takes from it: as torch.autocast, one cast cache for
+    the outermost region and all nested in it; a disabled one with no policy is ``parent``'s opt-out."""
+    region.cache = parent.region.cache
+    region.owns_cache = False
+    if region.compiled is None and not region.enabled:
+        _opt_out_of(parent, region)
 
 
 def _opt_out_of(parent: Frame, region: Region) -> None:
@@ -279,79 +232,32 @@ def keep_policy_off(region: Region, compiled: CompiledPolicy, dtype: torch.dtype
     region.cache_enabled = cache_enabled
 
 
-def _suspend(devices: Tuple[str, ...]) -> Tuple[str, ...]:
-    """Turn torch's autocast off on ``devices`` where it is on; returns those (to turn back on)."""
-    on = tuple(d for d in devices if _native_is_enabled(d))
-    for d in on:
-        _native_set_enabled(d, False)
-    return on
-
-
 def native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
     """Devices whose torch autocast a ``disable_casts()`` turns off: all but those whose autocast
     keys this package borrowed (their state is the engine's own)."""
     return tuple(d for d in NATIVE_AUTOCAST_HERE if d not in (k.ops_device, k.all_device))
 
 
-def exit(region: Region, closed: Callable[[], None]) -> None:
-    """Close ``region``, then call ``closed`` (``enter``'s ``opened``'s counterpart). Out of order
-    or from another context of its thread, it is closed all the same (frames of closed regions
-    are skipped). From another thread, ``RuntimeError`` refuses it and nothing changes (nor is
-    ``closed`` called): a thread's dispatch keys are its own and only it can switch them off."""
-    if region.closed:
-        raise RuntimeError("this region was already exited")
-    here = threading.get_ident()
-    if region.thread != here:
-        raise RuntimeError(
-            f"hpu_autocast: a region entered in thread {region.thread} was exited from another thread "
-            f"({here}); it stays open there: regions are per thread, like torch.autocast: exit a region "
-            "in the thread that entered it")
-    try:
-        _close(region)
-    finally:
-        closed()
-
-
-def _close(region: Region) -> None:
-    region.closed = True
-    if region.core is not None:
-        region.core.close()
-    switch = region.switch
-    switch.ops -= 1
-    if region.observes:
-        switch.all -= 1
-    if region.owns_cache:
-        region.cache.clear()
-    if _decrement_nesting() == 0:
-        _clear_native_cache()  # as torch.autocast's exit from the outermost context
-    if region.eager:
-        _compile_guard.observing_closed(True)
-    switch.sync(_dispatch._keys)
-    if region.observes:
-        _dispatch._keys.observing_closed()  # after the sync: the key is off in this thread
-    for d in region.native_was_on:
-        _native_set_enabled(d, True)
+def pop(region: Region) -> bool:
+    """Take the closed ``region``'s frame off the calling context if it is the innermost there
+    (the next open frame below becomes it); whether it was. A region closed out of order leaves
+    the context's frame: closed regions' frames are skipped wherever they are still linked."""
     frame = _get_frame()
-    innermost_exits = frame is not None and frame.region is region
-    if innermost_exits:
-        _set_frame(_open(frame.parent))
-    # torch's cache flag: back to what it was at this region's entry when the innermost exits
-    # (what a torch.autocast(cache_enabled=...) around it set included); a region exiting out of
-    # order (hmp.reset under a later region) leaves the flag to the innermost; after the
-    # thread's last region, what it was before its first.
-    if switch.ops == 0:
-        _set_cache_on(_thread.cache_was)
-    elif innermost_exits:
-        _set_cache_on(region.cache_was)
+    if frame is None or frame.region is not region:
+        return False
+    _set_frame(_open(frame.parent))
+    return True
 
 
-
-def replace_innermost(enabled: bool, dtype: torch.dtype) -> None:
-    """Change the innermost frame's on/off state and dtype for the calling context (what
-    ``torch.autocast`` inside a region does; see ``_torch_autocast``)."""
+def replace_innermost(enabled: bool, dtype: torch.dtype) -> Optional[Frame]:
+    """Replace the innermost frame by one with this on/off state and dtype in the calling context
+    (what ``torch.autocast`` inside a region does); the new frame, ``None`` with no open region."""
     frame = innermost()
-    if frame is not None:
-        _set_frame(Frame(frame.region, frame.parent, enabled, dtype))
+    if frame is None:
+        return None
+    frame = Frame(frame.region, frame.parent, enabled, dtype)
+    _set_frame(frame)
+    return frame
 
 
 class _GuardToken:

@@ -77,8 +77,10 @@ import torch
 import torch.optim.optimizer as _optimizer
 import torch.utils.checkpoint as _checkpoint
 
-from . import _compile_guard, _dispatch, _kernels, _regions, _torch, _torchscript
-from ._table import compile_policy
+from .. import _torch
+from .._engine import dispatch as _dispatch, entry as _entry, kernels as _kernels, regions as _regions
+from ..policies._table import compile_policy
+from . import compile_guard as _compile_guard, torchscript as _torchscript
 
 __all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region"]
 
@@ -129,7 +131,7 @@ def set_autocast_enabled(*args, **kwargs) -> None:
     frame = _frame_for(device)
     if frame is None:
         return _real["set_autocast_enabled"](*args, **kwargs)
-    _regions.replace_innermost(bool(rest[0]), frame.dtype)
+    _entry.replace_innermost(bool(rest[0]), frame.dtype)
 
 
 def set_autocast_dtype(*args, **kwargs) -> None:
@@ -145,7 +147,7 @@ def set_autocast_dtype(*args, **kwargs) -> None:
                       f"{policy.name!r}, which supports {', '.join(map(str, policy.dtypes))}; the region "
                       f"keeps {frame.dtype}", UserWarning, stacklevel=3)
         return
-    _regions.replace_innermost(frame.enabled, dtype)
+    _entry.replace_innermost(frame.enabled, dtype)
 
 
 def clear_autocast_cache() -> None:
@@ -177,10 +179,11 @@ def recompute_in_region(fn: Callable) -> Callable:
 
     def recompute(*args, **kwargs):
         # A region reproducing ``state`` (a policy's, or off), opened as the engine opens one
-        # (``_engine.enter``, which this module is below): backward runs after the forward's
-        # region exited, so this one may be the process's only open region again.
+        # (``_engine.entry``'s steps, which ``_engine.enter`` takes too; this module is below it):
+        # backward runs after the forward's region exited, so this one may be the process's only
+        # open region again.
         region = _region_of(state, opt_out)
-        _regions.enter(region, _kernels.keys(), acquire)
+        _entry.enter(region, _kernels.keys(), acquire, release)
         try:
             was = _set_native(native)
             try:
@@ -188,7 +191,7 @@ def recompute_in_region(fn: Callable) -> Callable:
             finally:
                 _set_native(was)
         finally:
-            _regions.exit(region, release)
+            _entry.exit(region, release)
 
     return recompute
 
@@ -313,7 +316,7 @@ class _Step:
     def restore(self) -> bool:
         """Turn casting back on if this step's state is still the innermost; whether it was."""
         if self.off is not None and _regions.innermost() is self.off:
-            _regions.replace_innermost(self.on.enabled, self.on.dtype)
+            _entry.replace_innermost(self.on.enabled, self.on.dtype)
             return True
         return False
 
@@ -346,7 +349,7 @@ def _step_pre_hook(optimizer, args: tuple, kwargs: dict):
     frame = _regions.innermost()
     if frame is None or not frame.enabled or frame.region.compiled is None:
         return None  # nothing to turn off: no region, disable_casts, or a step inside a step
-    _regions.replace_innermost(False, frame.dtype)
+    _entry.replace_innermost(False, frame.dtype)
     step.on, step.off = frame, _regions.innermost()
     # The closure (LBFGS's, any optimizer's `step(closure)`) is the user's forward: in the region.
     if callable(kwargs.get("closure")):
@@ -379,7 +382,7 @@ def _closure_in_region(closure: Callable, step: _Step) -> Callable:
             return closure(*args, **kwargs)
         finally:
             if _regions.innermost() is on:
-                _regions.replace_innermost(False, on.dtype)
+                _entry.replace_innermost(False, on.dtype)
                 step.off = _regions.innermost()
 
     return closure_in_region

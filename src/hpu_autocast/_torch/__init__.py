@@ -1,7 +1,10 @@
-"""Torch's private surface, in one module: every ``torch._C._`` name the package uses (Dynamo's
-are ``_compile_guard``'s), each with what it is for, the torch versions it was checked on, and
-what happens where it is missing. No other module reaches for one
-(tests/internal/test_private_surface.py).
+"""Torch's private surface, in one package (``hpu_autocast._torch``): this module holds every
+private torch name the rest of the package asks (``torch._C``'s, the private module paths torch
+keeps public types under, torch's own autocast state), each with what it is for, the torch
+versions it was checked on, and what happens where it is missing; ``autocast`` and
+``torchscript`` hold the patches of torch made while a region is open, and ``compile_guard``
+Dynamo's names. No module outside the package reaches for a private torch name, assigns a torch
+attribute, or uses ``ctypes`` or ``sys._getframe`` (tests/internal/test_private_surface.py).
 
 Checked on: present in torch 2.4.1, 2.13.0 and 2.14.1 (``hasattr`` on each, and the suite run
 on 2.13.0); the suite also ran on 2.6.0 and 2.9.1 (README). "Fallback" says what a torch without
@@ -34,10 +37,25 @@ name (``torch._C.``)                        use; fallback
 ``_current_autograd_node``                  the backward node running (``testing``); none
 ``torch.library._impls``                    how many Python registrations (when to ask the
                                             dispatcher again); missing: asked once
+``torch._ops._higher_order_ops``            every higher-order operator made (``_engine.hops``);
+                                            missing: none covered
+``torch._ops._compute_keyset``              a higher-order operator's key set; missing: ``None``
 ==========================================  ==================================================
 
-Not private, but of the same kind and also only asked here: ``torch._C.DispatchKey`` by name
-(``dispatch_key``: ``None`` for a key this torch lacks).
+Public in use, but under private paths (present on 2.4.1, 2.13.0 and 2.14.1; required, no
+fallback): from ``torch._ops``, ``OpOverload``, ``OpOverloadPacket``, ``OperatorBase`` (the
+types of ops); from ``torch.utils._python_dispatch``, ``TorchDispatchMode`` (the report's and
+the checker's modes); from ``torch.utils._pytree``, ``tree_map``, ``tree_flatten``,
+``tree_unflatten``, ``tree_flatten_with_path``, ``tree_leaves``, ``keystr``; ``torch.ops.aten._to_copy.default``
+(``TO_COPY``: the op every cast is); from ``torch._C``, the schema types ``TensorType``,
+``OptionalType``, ``ListType``, ``TensorBase`` (and its C function modules,
+``c_function_namespace``), ``DispatchKey``, and torch's own autocast state, read and set
+as its C functions (``native_autocast_enabled``, ``set_native_autocast_enabled``,
+``native_autocast_dtype``, ``set_native_autocast_dtype``, ``autocast_cache_enabled``,
+``set_autocast_cache_enabled``; ``torch.is_autocast_enabled`` and the other Python functions
+answer for a region while one is open, ``autocast``'s patches, so the engine asks these).
+
+``torch._C.DispatchKey`` by name: ``dispatch_key`` (``None`` for a key this torch lacks).
 
 The C++ core (``csrc/core.cpp``) reaches torch's C++ surface, compiled against the installed
 torch's headers; it was built and its suite run on torch 2.4.1, 2.6.0, 2.9.1, 2.13.0 and 2.14.1.
@@ -63,16 +81,54 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from typing import Optional
+import threading
+from typing import Callable, Optional
 
 import torch
+from torch._ops import OperatorBase, OpOverload, OpOverloadPacket
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 
 __all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset_after", "has_backend_fallback",
            "privateuse1_backend_name", "all_schemas", "all_op_names", "has_kernel_for", "registrations_for",
            "python_registrations", "dispatch_mode_depth", "set_grad_enabled", "tls_stash", "tls_stashed",
-           "ANY_AUTOCAST_ENABLED", "current_autograd_node", "dispatch_key", "HIGHER_ORDER_OPS", "hop_keyset"]
+           "ANY_AUTOCAST_ENABLED", "current_autograd_node", "dispatch_key", "HIGHER_ORDER_OPS", "hop_keyset",
+           "OpOverload", "OpOverloadPacket", "OperatorBase", "TorchDispatchMode", "tree_map", "tree_flatten", "tree_leaves",
+           "tree_unflatten", "tree_flatten_with_path", "keystr", "TO_COPY", "DispatchKey", "TensorType",
+           "OptionalType", "ListType", "TensorBase", "c_function_namespace", "native_autocast_enabled", "set_native_autocast_enabled",
+           "native_autocast_dtype", "set_native_autocast_dtype", "autocast_cache_enabled",
+           "set_autocast_cache_enabled", "increment_autocast_nesting", "decrement_autocast_nesting",
+           "clear_native_autocast_cache", "wrap_autograd", "unwrap_autograd"]
 
 _C = torch._C
+
+# -- types: ops, schema types, dispatch keys; the op every cast is --------------------------------
+DispatchKey = _C.DispatchKey
+TensorType = _C.TensorType
+OptionalType = _C.OptionalType
+ListType = _C.ListType
+#: The C class of every tensor's methods (a name there with no function variant is method-only).
+TensorBase = _C.TensorBase
+
+
+def c_function_namespace(name: str) -> object:
+    """torch's C module of functions called ``name`` (``_VariableFunctions``, ``_nn``, ``_linalg``,
+    ...), or ``None`` where this torch has none."""
+    return getattr(_C, name, None)
+TO_COPY = torch.ops.aten._to_copy.default
+
+# -- torch's own autocast state, as its C functions (the Python ones answer for a region) --------
+native_autocast_enabled = _C.is_autocast_enabled
+set_native_autocast_enabled = _C.set_autocast_enabled
+native_autocast_dtype = _C.get_autocast_dtype
+set_native_autocast_dtype = _C.set_autocast_dtype
+autocast_cache_enabled = _C.is_autocast_cache_enabled
+set_autocast_cache_enabled = _C.set_autocast_cache_enabled
+#: torch.autocast's nesting count and the C function that clears native's cast cache (the
+#: Python ``torch.clear_autocast_cache`` is patched while a region is open: ``_torch.autocast``).
+increment_autocast_nesting = torch.autocast_increment_nesting
+decrement_autocast_nesting = torch.autocast_decrement_nesting
+clear_native_autocast_cache = _C.clear_autocast_cache
 
 # -- the dispatcher: thread-local key sets, key sets, fallbacks, registrations ---------------
 set_excluded = _C._dispatch_tls_set_dispatch_key_excluded
@@ -178,3 +234,34 @@ def tls_stashed() -> object:
     if _has_stash is None or not _has_stash(_STASH_KEY):
         return None
     return _stashed(_STASH_KEY)
+
+
+# -- torch.autograd's entry points, wrapped while ``hmp.convert`` holds them ----------------------
+_AUTOGRAD_ENTRIES = ("backward", "grad")
+_autograd_lock = threading.Lock()
+_autograd_users = 0
+_autograd_originals: dict = {}
+
+
+def wrap_autograd(wrap: Callable[[Callable], Callable]) -> None:
+    """Replace ``torch.autograd.backward`` and ``grad`` by ``wrap(fn)`` of each, counted: the
+    first call wraps them, the matching last ``unwrap_autograd`` puts torch's back."""
+    global _autograd_users
+    with _autograd_lock:
+        if _autograd_users == 0:
+            for name in _AUTOGRAD_ENTRIES:
+                fn = getattr(torch.autograd, name)
+                _autograd_originals[name] = fn
+                setattr(torch.autograd, name, wrap(fn))
+        _autograd_users += 1
+
+
+def unwrap_autograd() -> None:
+    """``wrap_autograd``'s counterpart: the last holder's call restores torch's functions."""
+    global _autograd_users
+    with _autograd_lock:
+        _autograd_users -= 1
+        if _autograd_users == 0:
+            for name, fn in _autograd_originals.items():
+                setattr(torch.autograd, name, fn)
+            _autograd_originals.clear()
