@@ -11,7 +11,8 @@ import torch
 
 from hpu_autocast import hmp  # was: from habana_frameworks.torch.hpex import hmp
 
-DEVICE = "hpu" if hasattr(torch, "hpu") and torch.hpu.is_available() else "cpu"
+# The device hmp.convert's regions cast for: Gaudi's, else a GPU's, else the CPU's.
+DEVICE = "hpu" if hasattr(torch, "hpu") and torch.hpu.is_available() else "cuda" if torch.cuda.is_available() else "cpu"
 
 N, D_in, D_out = 16, 32, 8
 torch.manual_seed(0)

@@ -211,7 +211,7 @@ def test_fake_cuda_tensors_follow_native_autocast():
     assert cuda_region == (torch.bfloat16, torch.float32)
 
 
-def test_device_type_picks_the_tensors_a_region_casts(request):
+def test_device_type_picks_the_tensors_a_region_casts(machine_device):
     # Failed on 5407e8a: HpuAutocastMode took no device_type.
     m, a = torch.randn(2, 2, device="meta"), torch.randn(2, 2)
     with HpuAutocastMode(device_type="meta"):          # shape work: meta tensors are cast, CPU ones not
@@ -220,10 +220,9 @@ def test_device_type_picks_the_tensors_a_region_casts(request):
         assert (torch.mm(m, m).dtype, torch.mm(a, a).dtype) == (torch.bfloat16, torch.float32)
     # Gaudi's presets name no device: without Gaudi, they cast the GPU's tensors where there is one
     # (or the suite runs --as-if-cuda, tests/conftest.py), else the CPU's.
-    here = "cuda" if torch.cuda.is_available() or request.config.getoption("--as-if-cuda") else "cpu"
-    assert HpuAutocastMode().device_type == HpuAutocastMode(policy="hmp").device_type == here
+    assert HpuAutocastMode().device_type == HpuAutocastMode(policy="hmp").device_type == machine_device
     with HpuAutocastMode():                             # a CPU tensor is cast by a CPU region only
-        assert torch.mm(a, a).dtype == (torch.bfloat16 if here == "cpu" else torch.float32)
+        assert torch.mm(a, a).dtype == (torch.bfloat16 if machine_device == "cpu" else torch.float32)
     assert HpuAutocastMode(policy="torch-cuda").device_type == "cuda"
     with pytest.raises(ValueError, match="unknown device_type 'gpu'; accepted: cpu, cuda, hpu"):
         HpuAutocastMode(device_type="gpu")
