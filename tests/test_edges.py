@@ -228,6 +228,26 @@ def test_device_type_picks_the_tensors_a_region_casts(machine_device):
         HpuAutocastMode(device_type="gpu")
 
 
+def test_a_call_with_an_explicit_dtype_off_the_regions_device_is_not_reported():
+    # Found by --as-if-cuda: in a CUDA region, check_policy reported a CPU F.cross_entropy (its
+    # C++ passes log_softmax the input's dtype) as "explicit dtype", a deviation; a call with no
+    # tensor of the region's device goes on unseen, as natively (the device's autocast key is
+    # not on its tensors). Here a meta region stands in for CUDA, and CPU tensors for the CPU.
+    from hpu_autocast.testing import check_policy
+
+    x, y, m = torch.randn(2, 4), torch.tensor([0, 2]), torch.randn(2, 4, device="meta")
+    events = []
+    with HpuAutocastMode(device_type="meta", observer=events.append):
+        torch.mm(x, x.t()), torch.softmax(x, -1, dtype=torch.float32), F.cross_entropy(x, y)
+        assert events == []                             # CPU calls: none seen, with dtype= or not
+        torch.softmax(m, -1, dtype=torch.float32)       # the control: the region's device is seen
+    assert [(e.name, str(e.outcome), e.reason) for e in events] == [
+        ("aten.softmax.int", "ineligible", "explicit dtype")]
+    assert not check_policy(lambda a, b: F.cross_entropy(a, b), x, y, device_type="meta")
+    assert check_policy(lambda a: torch.softmax(a, -1, dtype=torch.float32), m, device_type="meta",
+                        reference=False)                # on the device, the policy's rule applies
+
+
 def test_the_suites_as_if_cuda_option_makes_the_default_device_cuda():
     # The option (tests/conftest.py) stands in for a GPU machine in CI: the test above, run under
     # it, must find the default device type to be cuda and CPU tensors left alone. One run, so

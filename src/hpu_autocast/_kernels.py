@@ -177,9 +177,12 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 # (``_apply_plain``) alike.
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
     """Apply ``rule`` to one call: its cast policy's function decides, casts, calls, reports. A
-    call passing a ``torch.dtype`` is not eligible (seed 003); a rule left to native autocast
-    (``Policy.native``; its action is ``None``) hands the call over."""
-    if rule.takes_dtype and rule.native is None and has_explicit_dtype(args, kwargs):
+    call passing a ``torch.dtype`` is not eligible (seed 003), and is reported so where it has a
+    floating tensor of the region's device (elsewhere it goes on unseen, as every call there does:
+    a CUDA region's check_policy took a CPU ``cross_entropy`` for a deviation); a rule left to
+    native autocast (``Policy.native``; its action is ``None``) hands the call over."""
+    if (rule.takes_dtype and rule.native is None and has_explicit_dtype(args, kwargs)
+            and _reached(frame.region, rule, args, kwargs)):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
     return _BY_POLICY[rule.action](frame, rule, op, args, kwargs, level)
 
