@@ -366,8 +366,8 @@ def test_report_command_passes_on_a_scripts_exit_message(tmp_path):
     script.write_text("import sys, torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\nsys.exit('fatal: no data')\n")
     package = Path(hpu_autocast.__file__).resolve().parents[1]  # the hpu_autocast these tests import
     env = dict(os.environ, PYTHONPATH=str(package) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = subprocess.run([sys.executable, "-m", "hpu_autocast", "report", str(script)], capture_output=True,
-                         text=True, env=env, cwd=tmp_path)
+    command = [sys.executable, "-m", "hpu_autocast", "report", "--device-type", "cpu", str(script)]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert (run.returncode, run.stderr) == (1, "fatal: no data\n")  # as `python s.py` ends
     assert "aten.mm.default  lower" in run.stdout
 
