@@ -64,7 +64,9 @@ def train(steps: int, policy: str = "hpu", dtype: torch.dtype = torch.bfloat16) 
     model = Classifier()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         plugins=[HpuAutocastPrecision(dtype, policy=policy)])
+                         # The CPU's tensors: on a machine with a GPU, a region left to its
+                         # default device would cast CUDA tensors only.
+                         plugins=[HpuAutocastPrecision(dtype, policy=policy, device_type="cpu")])
     validation = random_data(8, seed=2)
     trainer.fit(model, random_data(), validation)  # validates at each epoch's end (8 steps)
     trainer.validate(model, validation, verbose=False)

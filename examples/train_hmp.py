@@ -10,8 +10,11 @@ step count small enough to run in a second.
 import torch
 
 from hpu_autocast import hmp  # was: from habana_frameworks.torch.hpex import hmp
+from hpu_autocast.mode import default_device_type
 
-DEVICE = "hpu" if hasattr(torch, "hpu") and torch.hpu.is_available() else "cpu"
+# The device hmp.convert's region casts for (HMP's convert names none): Gaudi's once its bridge is
+# loaded, else a GPU's where there is one, else the CPU's.
+DEVICE = default_device_type()
 
 N, D_in, D_out = 16, 32, 8
 torch.manual_seed(0)

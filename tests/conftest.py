@@ -11,6 +11,7 @@ still made on CPU: a test that makes CUDA tensors skips here as it does without 
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,3 +25,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
         # The one answer default_device_type() caches (asked once per process).
         _devices._cuda = True
+
+
+@pytest.fixture
+def machine_device(request: pytest.FixtureRequest) -> str:
+    """The device type a region given none should cast for here, by the machine and not by the
+    package (the oracle for tests of ``default_device_type``): ``cuda`` where torch sees a GPU or
+    the suite runs ``--as-if-cuda``, else ``cpu`` (no Gaudi bridge is loaded in the suite)."""
+    return "cuda" if torch.cuda.is_available() or request.config.getoption("--as-if-cuda") else "cpu"

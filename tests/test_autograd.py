@@ -230,7 +230,7 @@ def test_model_under_hpu_against_a_hand_cast_control(model):
     # Backward outside the region only: inside it, the ops backward runs are cast too (as
     # native autocast does, see test_ops_run_by_backward_inside_the_region_are_cast), and under
     # hpu those include mul (PowBackward, MulBackward), so a hand-cast control cannot follow.
-    ours = _train_step(MODELS[model], HpuAutocastMode())
+    ours = _train_step(MODELS[model], HpuAutocastMode(device_type="cpu"))
     control = _train_step(MODELS[model], _NoMode(), _to_bf16)
     _assert_same(ours, control)
 
@@ -282,7 +282,7 @@ def test_layer_norm_and_loss_under_hpu_against_a_hand_cast_control():
         loss.backward()
         return y, loss, x.grad, w.grad, b.grad
 
-    ours = run(HpuAutocastMode(), lambda t: t, lambda t: t)
+    ours = run(HpuAutocastMode(device_type="cpu"), lambda t: t, lambda t: t)
     control = run(_NoMode(), _to_bf16, lambda t: t.float())
     assert ours[0].dtype == BF and ours[1].dtype == torch.float32
     for a, b in zip(ours, control):
@@ -306,7 +306,7 @@ def test_autograd_grad_and_double_backward(model, oracle):
     if oracle == "native":
         ours, ref = run(HpuAutocastMode(BF, policy="torch-cpu")), run(torch.autocast("cpu", dtype=BF))
     else:
-        ours, ref = run(HpuAutocastMode()), run(_NoMode(), _to_bf16)
+        ours, ref = run(HpuAutocastMode(device_type="cpu")), run(_NoMode(), _to_bf16)
     (gx, grads), (rgx, rgrads) = ours, ref
     assert gx.dtype == rgx.dtype == torch.float32 and torch.equal(gx, rgx)
     assert gx.grad_fn is not None  # create_graph kept the graph of the gradient
@@ -373,7 +373,7 @@ def test_iadd_on_a_promote_list_against_a_hand_cast_control():
         _loss(h).backward()
         return h, {"y": y.grad, "w": lin.weight.grad, "b": lin.bias.grad}
 
-    _assert_same(run(HpuAutocastMode(policy=policy), None), run(_NoMode(), _to_bf16))
+    _assert_same(run(HpuAutocastMode(policy=policy, device_type="cpu"), None), run(_NoMode(), _to_bf16))
 
 
 # Calls with no rule of their own whose listed insides are cast where they are called (a composite
@@ -399,7 +399,7 @@ def test_dispatch_level_casts_under_hpu_against_a_hand_cast_control(name):
         return y, x.grad, w.grad
 
     ours_fn, control_fn = DISPATCH_LEVEL[name]
-    ours, control = run(HpuAutocastMode(), ours_fn), run(_NoMode(), control_fn)
+    ours, control = run(HpuAutocastMode(device_type="cpu"), ours_fn), run(_NoMode(), control_fn)
     for a, b in zip(ours, control):
         assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
     assert ours[1].dtype == torch.float32

@@ -44,7 +44,7 @@ def test_files_replace_the_lists(tmp_path):
     assert policy.table[MUL] is CastPolicy.PROMOTE
     assert torch.ops.aten.log.default not in policy.table  # the FP32 list was replaced
     x = torch.randn(3)
-    with HpuAutocastMode(policy=policy):
+    with HpuAutocastMode(policy=policy, device_type="cpu"):
         assert torch.exp(x).dtype == torch.bfloat16
         assert torch.log(x.bfloat16()).dtype == torch.bfloat16
 
@@ -84,7 +84,7 @@ def test_environment_variables(tmp_path, monkeypatch):
     monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", lower)
     monkeypatch.setenv("PT_HPU_AUTOCAST_FP32_OPS_LIST", fp32)
     a, b = torch.randn(2, 3), torch.randn(3, 2)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         assert torch.mm(a, b).dtype == torch.bfloat16
         assert torch.addmm(torch.randn(2, 2), a, b).dtype == torch.float32
         b3 = torch.randn(1, 3, 2)
@@ -269,7 +269,7 @@ def test_iadd_on_a_users_list_does_nothing_as_on_gaudi_and_warns_once(fresh_warn
     assert not any(op.overloadpacket is torch.ops.aten.add_ for op in policy.table)
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     ours, control = x.clone(), x.clone()
-    with HpuAutocastMode(policy=policy):
+    with HpuAutocastMode(policy=policy, device_type="cpu"):
         ours += y
     control += y
     assert torch.equal(ours, control) and not torch.equal(ours, (x.bfloat16() + y.bfloat16()).float())

@@ -9,7 +9,7 @@ from hpu_autocast import compare
 def test_errors_match_a_hand_cast_run():
     torch.manual_seed(0)
     a, b = torch.randn(3, 4), torch.randn(4, 2)
-    c = compare(torch.mm, a, b, dtype=torch.bfloat16, policy="hpu")
+    c = compare(torch.mm, a, b, dtype=torch.bfloat16, policy="hpu", device_type="cpu")
     # The oracle: mm on hand-cast inputs, as the hpu policy's lower list does it.
     ref = torch.mm(a, b).double()
     mixed = torch.mm(a.bfloat16(), b.bfloat16()).double()
@@ -27,7 +27,7 @@ def test_structured_outputs_and_text():
     def fn(x):
         return {"y": torch.mm(x, x), "z": (x.sum(), torch.arange(2))}
 
-    c = compare(fn, a)
+    c = compare(fn, a, device_type="cpu")
     # sum is on no list: it runs in f32 on f32 input, exactly as without the mode.
     assert [o.name for o in c.outputs] == ["out['y']", "out['z'][0]"]
     assert c["out['z'][0]"].max_abs == 0.0

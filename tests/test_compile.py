@@ -78,7 +78,7 @@ def test_a_compiled_training_step_matches_eager_under_the_mode():
     x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
 
     def step(model, fn):
-        with HpuAutocastMode(policy="hpu"):
+        with HpuAutocastMode(policy="hpu", device_type="cpu"):
             loss = F.cross_entropy(fn(x), y)
         loss.backward()
         return [loss.detach()] + [p.grad for p in model.parameters()]
@@ -96,7 +96,7 @@ def test_a_new_region_state_traces_again_and_the_old_one_is_reused(change):
     backend = Recording()
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     other = {
-        "policy": lambda: HpuAutocastMode(policy="hpu"),
+        "policy": lambda: HpuAutocastMode(policy="hpu", device_type="cpu"),
         "dtype": lambda: HpuAutocastMode(torch.float16, policy="torch-cpu"),
         "device": lambda: HpuAutocastMode(policy="torch-cpu", device_type="meta"),
         "disabled": lambda: disable_casts(),
@@ -199,7 +199,7 @@ def test_the_first_region_does_not_import_dynamo():
             "with hpu_autocast.HpuAutocastMode(policy='torch-cpu'):\n"
             "    torch.mm(torch.randn(2, 2), torch.randn(2, 2))\n"
             "lin = torch.nn.Linear(2, 2)\n"
-            "with hpu_autocast.HpuAutocastMode(policy='hpu'):\n"
+            "with hpu_autocast.HpuAutocastMode(policy='hpu', device_type='cpu'):\n"
             "    loss = lin(torch.randn(2, 2)).float().sum()\n"
             "loss.backward()\n"
             "print('torch._dynamo' in sys.modules)\n")
@@ -307,7 +307,7 @@ def test_policies_of_one_name_and_table_each_get_their_own_graph(changes):
     first, second = _same_name_and_table(**changes)
     results = []
     for policy in (first, second, first, second):
-        with HpuAutocastMode(policy=policy):
+        with HpuAutocastMode(policy=policy, device_type="cpu"):
             out, eager = compiled(x, y), f(x, y)
         assert out.dtype == eager.dtype and torch.equal(out, eager), policy
         results.append(out)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import gc
 import os
 import subprocess
@@ -34,7 +35,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpu_autocast
-from hpu_autocast import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
+from hpu_autocast import HpuAutocastMode, disable_casts, get_dtype, get_policy, get_preset, is_enabled, record
 
 A, B = torch.randn(2, 3), torch.randn(3, 2)
 
@@ -75,7 +76,7 @@ def test_two_asyncio_tasks_interleaving_regions_each_see_their_own():
 
     async def main():
         first, second = asyncio.Event(), asyncio.Event()
-        return await asyncio.gather(task(HpuAutocastMode(), first, second),
+        return await asyncio.gather(task(HpuAutocastMode(device_type="cpu"), first, second),
                                     task(HpuAutocastMode(torch.float16, policy="torch-cpu"), second, first))
 
     bf16, f16 = asyncio.run(main())
@@ -91,7 +92,7 @@ def test_a_generator_holding_a_region_ended_while_another_region_is_open(end):
             while True:
                 yield mm_dtype()
 
-    with HpuAutocastMode():                             # hpu, bfloat16
+    with HpuAutocastMode(device_type="cpu"):            # hpu, bfloat16
         gen = numbers()
         assert next(gen) == torch.float16               # the generator's region is open
         with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
@@ -112,7 +113,7 @@ def test_an_exit_from_another_thread_is_refused_and_changes_nothing():
     # Was: refused, yet the region was closed while the entering thread's key stayed on (torch's
     # guards answered for a region no longer there). Now the refusal changes nothing: the region
     # stays open, and casting, in its own thread, which exits it as usual.
-    mode = HpuAutocastMode()
+    mode = HpuAutocastMode(device_type="cpu")
     mode.__enter__()
     assert mm_dtype() == torch.bfloat16
     errors = []
@@ -179,7 +180,7 @@ class _Ops(TorchDispatchMode):
 
 def test_a_users_dispatch_mode_entered_after_a_region_keeps_seeing_ops():
     # Failed on 5407e8a: the region's exit popped the top of torch's mode stack, the user's mode.
-    region, user = HpuAutocastMode(), _Ops()
+    region, user = HpuAutocastMode(device_type="cpu"), _Ops()
     region.__enter__()
     user.__enter__()
     torch.mm(A, B)                                      # cast: the user sees the two casts too
@@ -211,19 +212,55 @@ def test_fake_cuda_tensors_follow_native_autocast():
     assert cuda_region == (torch.bfloat16, torch.float32)
 
 
-def test_device_type_picks_the_tensors_a_region_casts():
+def test_device_type_picks_the_tensors_a_region_casts(machine_device):
     # Failed on 5407e8a: HpuAutocastMode took no device_type.
     m, a = torch.randn(2, 2, device="meta"), torch.randn(2, 2)
     with HpuAutocastMode(device_type="meta"):          # shape work: meta tensors are cast, CPU ones not
         assert (torch.mm(m, m).dtype, torch.mm(a, a).dtype) == (torch.bfloat16, torch.float32)
     with HpuAutocastMode(policy="torch-cpu", device_type="meta"):
         assert (torch.mm(m, m).dtype, torch.mm(a, a).dtype) == (torch.bfloat16, torch.float32)
-    # Gaudi's presets name no device: without Gaudi or CUDA here, they cast the CPU's tensors.
-    assert not torch.cuda.is_available()
-    assert HpuAutocastMode().device_type == HpuAutocastMode(policy="hmp").device_type == "cpu"
+    # Gaudi's presets name no device: without Gaudi, they cast the GPU's tensors where there is one
+    # (or the suite runs --as-if-cuda, tests/conftest.py), else the CPU's.
+    assert HpuAutocastMode().device_type == HpuAutocastMode(policy="hmp").device_type == machine_device
+    with HpuAutocastMode():                             # a CPU tensor is cast by a CPU region only
+        assert torch.mm(a, a).dtype == (torch.bfloat16 if machine_device == "cpu" else torch.float32)
     assert HpuAutocastMode(policy="torch-cuda").device_type == "cuda"
     with pytest.raises(ValueError, match="unknown device_type 'gpu'; accepted: cpu, cuda, hpu"):
         HpuAutocastMode(device_type="gpu")
+
+
+def test_a_call_with_an_explicit_dtype_off_the_regions_device_is_not_reported():
+    # Found by --as-if-cuda: in a CUDA region, check_policy reported a CPU F.cross_entropy (its
+    # C++ passes log_softmax the input's dtype) as "explicit dtype", a deviation; a call with no
+    # tensor of the region's device goes on unseen, as natively (the device's autocast key is
+    # not on its tensors). Here a meta region stands in for CUDA, and CPU tensors for the CPU.
+    from hpu_autocast.testing import check_policy
+
+    # A policy that leaves explicit-dtype calls alone (hpu casts them, as Gaudi's bridge does).
+    leave = dataclasses.replace(get_preset("hpu"), name="hpu (leave)", explicit_dtype="leave")
+    x, y, m = torch.randn(2, 4), torch.tensor([0, 2]), torch.randn(2, 4, device="meta")
+    events = []
+    with HpuAutocastMode(device_type="meta", policy=leave, observer=events.append):
+        torch.mm(x, x.t()), torch.softmax(x, -1, dtype=torch.float32), F.cross_entropy(x, y)
+        assert events == []                             # CPU calls: none seen, with dtype= or not
+        torch.softmax(m, -1, dtype=torch.float32)       # the control: the region's device is seen
+    assert [(e.name, str(e.outcome), e.reason) for e in events] == [
+        ("aten.softmax.int", "ineligible", "explicit dtype")]
+    assert not check_policy(lambda a, b: F.cross_entropy(a, b), x, y, device_type="meta", policy=leave)
+    assert check_policy(lambda a: torch.softmax(a, -1, dtype=torch.float32), m, device_type="meta", policy=leave,
+                        reference=False)                # on the device, the policy's rule applies
+
+
+def test_the_suites_as_if_cuda_option_makes_the_default_device_cuda():
+    # The option (tests/conftest.py) stands in for a GPU machine in CI: the test above, run under
+    # it, must find the default device type to be cuda and CPU tensors left alone. One run, so
+    # that a plain run of the suite checks the emulation too.
+    test = f"{Path(__file__).resolve()}::test_device_type_picks_the_tensors_a_region_casts"
+    package = Path(hpu_autocast.__file__).resolve().parents[1]  # the hpu_autocast these tests import
+    env = dict(os.environ, PYTHONPATH=str(package) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run([sys.executable, "-m", "pytest", "--as-if-cuda", "-p", "no:cacheprovider", test],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
 
 
 # --- modes are values -----------------------------------------------------------------------------
@@ -332,8 +369,8 @@ def test_report_command_passes_on_a_scripts_exit_message(tmp_path):
     script.write_text("import sys, torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\nsys.exit('fatal: no data')\n")
     package = Path(hpu_autocast.__file__).resolve().parents[1]  # the hpu_autocast these tests import
     env = dict(os.environ, PYTHONPATH=str(package) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = subprocess.run([sys.executable, "-m", "hpu_autocast", "report", str(script)], capture_output=True,
-                         text=True, env=env, cwd=tmp_path)
+    command = [sys.executable, "-m", "hpu_autocast", "report", "--device-type", "cpu", str(script)]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert (run.returncode, run.stderr) == (1, "fatal: no data\n")  # as `python s.py` ends
     assert "aten.mm.default  lower" in run.stdout
 
@@ -357,7 +394,7 @@ class _CastsBelow(TorchDispatchMode):
 def _counted(fn, **mode_kwargs):
     """(casts the report counts, casts that reached ATen) while ``fn`` runs in a recorded region."""
     oracle = _CastsBelow()
-    with oracle, record(**mode_kwargs) as rec:
+    with oracle, record(device_type="cpu", **mode_kwargs) as rec:
         fn()
     return rec.report().casts, oracle.casts
 
@@ -449,14 +486,14 @@ def test_hpu_promote_of_bfloat16_and_float16_raises_as_on_gaudi(case):
     h, f = torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.float16)
     fn = {"cat": lambda: torch.cat([h, f]), "stack": lambda: torch.stack([h, f]), "add": lambda: h + f,
           "sub": lambda: h - f, "addcmul": lambda: torch.addcmul(h, f, h)}[case]
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         with pytest.raises(RuntimeError, match="cannot promote a float16 input in a bfloat16 region"):
             fn()
     if case in ("cat", "stack"):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with pytest.raises(RuntimeError, match="Unexpected floating ScalarType"):
                 fn()
-    with HpuAutocastMode():                             # float32 first: float32, natively too
+    with HpuAutocastMode(device_type="cpu"):            # float32 first: float32, natively too
         assert torch.cat([torch.ones(2), f, h]).dtype == torch.float32
 
 
@@ -496,7 +533,7 @@ def _train(name, param_dtype, step_inside):
     opt = _OPTIMIZERS[name](model.parameters())
     x, y = torch.randn(4, 8, dtype=param_dtype), torch.randn(4, 4)
     for _ in range(3):
-        with HpuAutocastMode():
+        with HpuAutocastMode(device_type="cpu"):
             loss = F.mse_loss(model(x).float(), y)
             loss.backward()
             if step_inside:
@@ -531,7 +568,7 @@ def test_lbfgs_closure_inside_a_region_runs_in_it():
 
         def closure():  # the reference opens the region the step inside a region gives it
             opt.zero_grad()
-            with contextlib.nullcontext() if step_inside else HpuAutocastMode(cache_enabled=False):
+            with contextlib.nullcontext() if step_inside else HpuAutocastMode(device_type="cpu", cache_enabled=False):
                 loss = F.mse_loss(model(x).float(), y)
                 loss.backward()
             return loss
@@ -539,7 +576,7 @@ def test_lbfgs_closure_inside_a_region_runs_in_it():
         # No cast cache: LBFGS changes the weights between closure calls in one region, which a
         # cache would not see (as torch.autocast's would not).
         if step_inside:
-            with HpuAutocastMode(cache_enabled=False):
+            with HpuAutocastMode(device_type="cpu", cache_enabled=False):
                 opt.step(closure)
         else:
             opt.step(closure)
@@ -570,7 +607,7 @@ def test_a_step_inside_a_region_sees_casting_off_and_the_region_resumes_after():
     w = nn.Parameter(torch.randn(2))
     inner = _Probe([w])
     outer = _Probe([w], inner=inner)
-    with record() as rec:
+    with record(device_type="cpu") as rec:
         outer.step()
         outer.step(lambda: mm_dtype())                  # a closure is the user's forward: cast
         assert mm_dtype() == torch.bfloat16 and is_enabled()
@@ -591,12 +628,12 @@ def test_a_step_that_raises_inside_a_region_leaves_nothing_on():
     hooks = dict(_global_optimizer_pre_hooks), dict(_global_optimizer_post_hooks)
     failing, ok = _Probe([nn.Parameter(torch.randn(2))], fail=True), _Probe([nn.Parameter(torch.randn(2))])
     with pytest.raises(FloatingPointError):
-        with HpuAutocastMode():
+        with HpuAutocastMode(device_type="cpu"):
             failing.step()
     assert nothing_casts()
     # Caught inside the region: torch calls no hook after a failed step, so casting stays off
     # until the next step, which turns it back on and says so.
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         with pytest.raises(FloatingPointError):
             failing.step()
         assert mm_dtype() == torch.float32

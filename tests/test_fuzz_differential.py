@@ -198,7 +198,8 @@ def test_the_comparison_sees_one_bit():
 @pytest.fixture
 def hpu_region(monkeypatch):
     # A region of the hpu preset (softmax on its lower list, not on torch's): a known difference.
-    spelling = dict(_fuzz.SPELLINGS["region"], **{_fuzz.OURS: 'HpuAutocastMode({dtype}, policy="hpu", cache_enabled={cache})'})
+    ours = 'HpuAutocastMode({dtype}, policy="hpu", device_type="cpu", cache_enabled={cache})'
+    spelling = dict(_fuzz.SPELLINGS["region"], **{_fuzz.OURS: ours})
     monkeypatch.setitem(_fuzz.SPELLINGS, "region", spelling)
 
 

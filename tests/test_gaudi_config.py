@@ -98,10 +98,10 @@ def test_the_lists_replace_the_hpu_presets():
     assert torch.ops.aten.acos.default not in policy.table
     assert policy.table[torch.ops.aten.exp.default] is CastPolicy.PROMOTE
     x = torch.randn(4, 8)
-    with HpuAutocastMode(policy=policy):
+    with HpuAutocastMode(policy=policy, device_type="cpu"):
         assert torch.nn.functional.gelu(x).dtype == torch.bfloat16
         assert torch.exp(x.bfloat16()).dtype == torch.bfloat16
-    with HpuAutocastMode(policy="hpu"):
+    with HpuAutocastMode(policy="hpu", device_type="cpu"):
         assert torch.nn.functional.gelu(x).dtype == torch.float32
         assert torch.exp(x.bfloat16()).dtype == torch.float32
 
@@ -281,6 +281,6 @@ def test_use_torch_autocast_false_is_a_policy_that_casts_nothing():
                                        "autocast_fp32_ops": []})
     assert dict(policy.table) == {}
     a = torch.randn(3, 3)
-    with HpuAutocastMode(torch.bfloat16, policy=policy):
+    with HpuAutocastMode(torch.bfloat16, policy=policy, device_type="cpu"):
         out = torch.mm(a, a) + 1
     assert out.dtype == torch.float32 and torch.equal(out, torch.mm(a, a) + 1)

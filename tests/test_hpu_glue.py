@@ -120,7 +120,7 @@ def test_a_cpu_region_caches_with_the_bridge_loaded(gaudi):
 
 def test_cache_is_on_off_hpu_for_contrast(no_gaudi):
     x, w = torch.randn(2, 3), torch.randn(3, 3, requires_grad=True)
-    with HpuAutocastMode():
+    with HpuAutocastMode(**ON_CPU):
         a, b = torch.mm(x, w), torch.mm(x, w)
     assert a.grad_fn.next_functions[1][0] is b.grad_fn.next_functions[1][0]  # one cached cast
 
@@ -439,7 +439,7 @@ def test_without_the_bridge_everything_degrades(no_gaudi):
 _RAISING = 'raise ImportError("stand-in: habana_frameworks must not be imported")\n'
 
 
-def test_installed_but_not_loaded_is_not_imported_by_the_mode(tmp_path, monkeypatch):
+def test_installed_but_not_loaded_is_not_imported_by_the_mode(tmp_path, monkeypatch, machine_device):
     # A findable habana_frameworks that fails if imported: the mode, mark_step and lazy_mode
     # must not touch it; default_device, which asks for it, warns and falls back.
     if "habana_frameworks" in sys.modules:
@@ -448,9 +448,10 @@ def test_installed_but_not_loaded_is_not_imported_by_the_mode(tmp_path, monkeypa
     (tmp_path / "habana_frameworks" / "__init__.py").write_text(_RAISING)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert hpu.hpu_importable() and not hpu.backend_loaded()
-    with HpuAutocastMode() as mode:
-        assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == torch.bfloat16
-    assert mode.cache_enabled is True  # not loaded: not on HPU
+    with HpuAutocastMode() as mode:                 # not loaded: not on HPU, on the machine's device
+        cpu_mm = torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype
+    assert mode.device_type == machine_device and mode.cache_enabled is True
+    assert cpu_mm == (torch.bfloat16 if machine_device == "cpu" else torch.float32)
     hpu.mark_step()
     assert hpu.lazy_mode() is False
     assert "habana_frameworks" not in sys.modules

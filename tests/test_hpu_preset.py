@@ -138,7 +138,7 @@ def test_lower_op(name, form):
     fn, args, kwargs = build(name)
     if form == "mixed":
         args, kwargs = _mixed(args, kwargs)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         out = _call(fn, args, kwargs)
     # Lower list: every floating input in bfloat16, whatever it was (seed 000).
     control = _call(fn, *_cast_all(torch.bfloat16, args, kwargs))
@@ -152,7 +152,7 @@ def test_norm_casts_only_its_input(name):
     args = list(args)
     # The control: only the input in bfloat16; weight, bias, running statistics float32.
     control_args = [args[0].bfloat16(), *[a.clone() if isinstance(a, torch.Tensor) else a for a in args[1:]]]
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         out = _call(fn, args, kwargs)
     control = _call(fn, control_args, kwargs)
     assert out.dtype == torch.bfloat16
@@ -177,7 +177,7 @@ def _norm_by_keyword(name, x):
 @pytest.mark.parametrize("name", ["layer_norm", "group_norm", "batch_norm"])
 def test_norm_with_its_input_by_keyword_casts_it(name):
     x = _t(2, 4)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours = _norm_by_keyword(name, x)
     assert ours.dtype == torch.bfloat16 and _equal(ours, _norm_by_keyword(name, x.to(torch.bfloat16)))
 
@@ -187,7 +187,7 @@ def test_norm_with_its_input_by_keyword_casts_it(name):
 def test_fp32_op(name, form):
     fn, args, kwargs = build(name)
     args, kwargs = _cast_all(torch.bfloat16, args, kwargs) if form == "bfloat16" else _mixed(args, kwargs)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         out = _call(fn, args, kwargs)
     # FP32 list (and FP32 wins over promote): every floating input in float32.
     control = _call(fn, *_cast_all(torch.float32, args, kwargs))
@@ -207,7 +207,7 @@ def test_lower_op_leaves_its_insides_alone(name):
         if event.action is not None:
             decisions.append((event.outcome, event.action))
 
-    with HpuAutocastMode(observer=observer):
+    with HpuAutocastMode(device_type="cpu", observer=observer):
         _call(fn, args, kwargs)
     assert decisions == [(Outcome.CAST, CastPolicy.LOWER)]
 
@@ -226,7 +226,7 @@ def test_fp32_op_leaves_its_insides_alone(name):
         if event.action is not None:
             decisions.append(event.action)
 
-    with HpuAutocastMode(observer=observer):
+    with HpuAutocastMode(device_type="cpu", observer=observer):
         _call(fn, args, kwargs)
     assert decisions and set(decisions) == {CastPolicy.FP32}
 
@@ -246,13 +246,13 @@ def test_promote_op(name):
         return t
 
     args = tree_map(mixed, args)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         out = _call(fn, args, kwargs)
     assert out.dtype == torch.float32
     assert _equal(out, _call(fn, tree_map(_to(torch.float32), args), kwargs))
     # All inputs in bfloat16: the widest is bfloat16.
     low = tree_map(_to(torch.bfloat16), args)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         out = _call(fn, low, kwargs)
     assert out.dtype == torch.bfloat16 and _equal(out, _call(fn, low, kwargs))
 
@@ -263,7 +263,7 @@ def test_ops_on_two_lists_follow_the_stronger_one():
     assert {"mul"} <= set(LOWER) & set(PROMOTE)
     assert {"div", "exp", "pow", "addcdiv", "truediv"} <= set(FP32) & set(PROMOTE)
     x = torch.randn(3, dtype=torch.bfloat16)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         assert torch.mul(x.float(), x.float()).dtype == torch.bfloat16
         assert (x / x).dtype == torch.float32
         assert torch.exp(x).dtype == torch.float32
@@ -276,14 +276,14 @@ def test_iadd_does_nothing_as_on_gaudi():
     a = torch.randn(3, 4, dtype=torch.bfloat16)
     b = torch.randn(3, 4)
     ours, control = a.clone(), a.clone()
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours += b
     control += b
     assert ours.dtype == torch.bfloat16 and torch.equal(ours, control)
     assert not torch.equal(ours, a + b.bfloat16())  # the cast would show
     c = torch.randn(3, 4)
     ours, control = c.clone(), c.clone()
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours += a
     control += a
     assert ours.dtype == torch.float32 and torch.equal(ours, control)
@@ -294,7 +294,7 @@ def test_cross_entropy_runs_wholly_in_float32():
     # policy at the composite's entry and leaves its insides alone, and so must we.
     x = torch.randn(4, 5, dtype=torch.bfloat16)
     y = torch.tensor([0, 1, 2, 3])
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         loss = F.cross_entropy(x, y, label_smoothing=0.1)
     assert loss.dtype == torch.float32
     assert torch.equal(loss, F.cross_entropy(x.float(), y, label_smoothing=0.1))
@@ -454,7 +454,7 @@ _EXPECTED_DTYPE = {"lower": torch.bfloat16, "fp32": torch.float32, "promote": to
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
 def test_module_method_and_operator_spellings(spelling):
     name, ours_fn, control_fn = SPELLINGS[spelling]
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours = ours_fn()
     control = control_fn()
     assert ours.dtype == _EXPECTED_DTYPE[expected_list(name)]
@@ -464,7 +464,7 @@ def test_module_method_and_operator_spellings(spelling):
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_special_namespace_softmax_is_cast(name):
     special, plain = getattr(torch.special, name), getattr(torch, name)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours = special(X, -1)
     assert ours.dtype == torch.bfloat16 and _equal(ours, plain(X.to(BF), -1))
 
@@ -472,7 +472,7 @@ def test_special_namespace_softmax_is_cast(name):
 def test_reverse_division_is_reciprocal_then_mul():
     # Tensor.__rtruediv__ is Python, `self.reciprocal() * other`: two ATen calls, as Gaudi's C++
     # autocast sees them too. reciprocal is FP32, then mul is on the lower list: bfloat16.
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours = 1 / PB
     assert ours.dtype == torch.bfloat16
     assert _equal(ours, PB.float().reciprocal().to(BF) * 1)
@@ -497,7 +497,7 @@ def test_inplace_wrapper_writes_into_its_input(name):
     torch.manual_seed(0)
     plain = fn(plain_x)
     torch.manual_seed(0)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours = fn(x)
     assert ours is x and ours.dtype == torch.float32
     assert torch.equal(x, plain_x) and torch.equal(ours, plain)
@@ -569,7 +569,7 @@ def test_ineligible_call_is_untouched(case):
     torch.manual_seed(0)
     plain = fn()
     torch.manual_seed(0)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         ours = fn()
     assert ours.dtype == dtype
     assert _equal(ours, plain)
@@ -600,7 +600,7 @@ def test_batchnorm_training_updates_running_statistics():
     bn = nn.BatchNorm2d(3).train()
     control = nn.BatchNorm2d(3).train()
     x = torch.randn(4, 3, 5, 5)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         y = bn(x)
     z = control(x.bfloat16())
     assert y.dtype == torch.bfloat16 and torch.equal(y, z)
@@ -610,7 +610,7 @@ def test_batchnorm_training_updates_running_statistics():
     assert torch.equal(bn.running_var, control.running_var)
     # A second step keeps them in step with the control (momentum over float32 statistics).
     x2 = torch.randn(4, 3, 5, 5)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         bn(x2)
     control(x2.bfloat16())
     assert bn.num_batches_tracked.item() == 2
@@ -627,7 +627,7 @@ def test_batchnorm_eval_uses_running_statistics_and_leaves_them():
     bn.eval()
     before = (bn.running_mean.clone(), bn.running_var.clone())
     x = torch.randn(2, 3, 4, 4)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         y = bn(x)
     control = F.batch_norm(x.bfloat16(), bn.running_mean, bn.running_var, bn.weight, bn.bias, False)
     assert y.dtype == torch.bfloat16 and torch.equal(y, control)

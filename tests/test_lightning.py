@@ -185,7 +185,7 @@ def test_training_under_the_hpu_preset():
     pl.seed_everything(0, verbose=False)
     model = Classifier()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = _trainer(plugins=[HpuAutocastPrecision(observer=recorder)])  # bfloat16, policy "hpu"
+    trainer = _trainer(plugins=[HpuAutocastPrecision(observer=recorder, device_type="cpu")])  # bfloat16, policy "hpu"
     trainer.fit(model, _loader(), _loader(seed=2))
     assert trainer.global_step == STEPS and trainer.precision == "bf16-mixed"
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -210,7 +210,7 @@ def test_hpu_preset_reads_gaudis_list_variables_per_step(tmp_path, monkeypatch):
     monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", str(tmp_path / "lower.txt"))
     pl.seed_everything(0, verbose=False)
     model = Classifier()
-    _trainer(plugins=[HpuAutocastPrecision()]).fit(model, _loader(), _loader(seed=2))
+    _trainer(plugins=[HpuAutocastPrecision(device_type="cpu")]).fit(model, _loader(), _loader(seed=2))
     assert set(model.seen["train"]) == {(torch.bfloat16, torch.float32)}
 
 
@@ -418,7 +418,7 @@ class Logs(pl.LightningModule):
 def test_values_logged_in_a_step_follow_the_policy(policy):
     # docs/migration.md: Lightning accumulates an epoch metric (mean, then a mul by the batch
     # size) inside the step's region; hpu lowers both, torch-cpu neither.
-    trainer = _trainer(max_steps=-1, max_epochs=1, plugins=[HpuAutocastPrecision(policy=policy)])
+    trainer = _trainer(max_steps=-1, max_epochs=1, plugins=[HpuAutocastPrecision(policy=policy, device_type="cpu")])
     trainer.fit(Logs(), _loader())
     value = trainer.callback_metrics["value"]
     exact = torch.tensor(1 + 2 ** -10 + 1e-4)

@@ -19,7 +19,7 @@ def _model():
 def _lines(caplog, fn, **mode_kwargs):
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger=LOGGER_NAME):
-        with HpuAutocastMode(observer=make_log_observer(), **mode_kwargs):
+        with HpuAutocastMode(device_type="cpu", observer=make_log_observer(), **mode_kwargs):
             fn()
     return "\n".join(r.getMessage() for r in caplog.records if r.name == LOGGER_NAME)
 
@@ -86,7 +86,7 @@ def test_log_promote_and_mixed_unlisted(caplog):
 def test_nothing_logged_when_debug_is_off(caplog):
     lin, x, y = _model()
     with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
-        with HpuAutocastMode(observer=make_log_observer()):
+        with HpuAutocastMode(device_type="cpu", observer=make_log_observer()):
             lin(x)
     assert not caplog.records
 
@@ -95,7 +95,7 @@ def test_custom_logger(caplog):
     lin, x, _ = _model()
     log = logging.getLogger("mine")
     with caplog.at_level(logging.DEBUG, logger="mine"):
-        with HpuAutocastMode(observer=make_log_observer(log)):
+        with HpuAutocastMode(device_type="cpu", observer=make_log_observer(log)):
             lin(x)
     assert [r.getMessage() for r in caplog.records] == ["aten.linear.default  lower  f32,f32,f32 -> bf16"]
 
@@ -107,7 +107,7 @@ def test_combine_observers():
     assert combine_observers() is None
     assert combine_observers(None, a, None) is a
     lin, x, _ = _model()
-    with HpuAutocastMode(observer=combine_observers(a, b)):
+    with HpuAutocastMode(device_type="cpu", observer=combine_observers(a, b)):
         lin(x)
     assert seen == [("a", "lower"), ("b", "lower")]
 

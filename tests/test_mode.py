@@ -20,7 +20,7 @@ A, B = torch.randn(2, 3), torch.randn(3, 2)
 
 
 def test_context_manager_and_decorator():
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         assert torch.mm(A, B).dtype == torch.bfloat16
 
     @HpuAutocastMode(torch.float16, policy="torch-cpu")
@@ -42,7 +42,7 @@ def test_nesting_innermost_wins():
         # Another policy inside: hpu has exp on the FP32 list, torch-cpu does not list it.
         x = torch.randn(3, dtype=torch.bfloat16)
         assert torch.exp(x).dtype == torch.bfloat16
-        with HpuAutocastMode():
+        with HpuAutocastMode(device_type="cpu"):
             assert torch.exp(x).dtype == torch.float32
             assert get_policy().name == "hpu"
         with HpuAutocastMode(enabled=False):
@@ -69,7 +69,7 @@ def test_regions_of_two_devices_nest_as_one_stack_and_torch_autocast_is_per_devi
 
 
 def test_enabled_false_inside_turns_casting_off():
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         with HpuAutocastMode(enabled=False):
             assert torch.mm(A, B).dtype == torch.float32
             assert not is_enabled()
@@ -81,18 +81,18 @@ def test_enabled_false_inside_turns_casting_off():
 
 def test_exception_leaves_no_state():
     with pytest.raises(ZeroDivisionError):
-        with HpuAutocastMode():
+        with HpuAutocastMode(device_type="cpu"):
             with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
                 1 / 0
     assert not is_enabled() and get_dtype() is None
     assert torch.mm(A, B).dtype == torch.float32
     assert torch._C._len_torch_dispatch_stack() == 0
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         assert torch.mm(A, B).dtype == torch.bfloat16
 
 
 def test_the_same_mode_object_cannot_be_entered_twice():
-    mode = HpuAutocastMode()
+    mode = HpuAutocastMode(device_type="cpu")
     with mode:
         with pytest.raises(RuntimeError, match="already entered"):
             with mode:
@@ -114,7 +114,7 @@ def test_regions_are_per_thread():
 
     t = threading.Thread(target=other)
     t.start()
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         inside.set()
         done.wait(5)
         assert torch.mm(A, B).dtype == torch.bfloat16
@@ -126,7 +126,7 @@ def test_a_region_in_another_thread_does_not_leak_here():
     barrier = threading.Barrier(2, timeout=5)
 
     def other():
-        with HpuAutocastMode():
+        with HpuAutocastMode(device_type="cpu"):
             barrier.wait()  # the region is open now
             barrier.wait()  # the main thread has checked
 
@@ -195,7 +195,7 @@ def test_public_api():
 
 
 def test_decorated_function_raising_leaves_no_state():
-    @HpuAutocastMode()
+    @HpuAutocastMode(device_type="cpu")
     def boom():
         assert torch.mm(A, B).dtype == torch.bfloat16
         raise ValueError("inside")
@@ -217,7 +217,7 @@ def test_decorator_keeps_the_function_name_and_nests_when_recursive():
 
 
 def test_disabled_then_enabled_again_inside():
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         with disable_casts():
             assert get_dtype() is None and not is_enabled()
             with HpuAutocastMode(torch.float16, policy="torch-cpu"):
@@ -229,7 +229,7 @@ def test_disabled_then_enabled_again_inside():
 def test_a_region_exited_out_of_order_closes_and_the_inner_one_stays():
     # A generator's region closed late, say: the outer region ends, the inner one stays in
     # force until it exits, and then nothing is left on.
-    outer, inner = HpuAutocastMode(), HpuAutocastMode(torch.float16, policy="torch-cpu")
+    outer, inner = HpuAutocastMode(device_type="cpu"), HpuAutocastMode(torch.float16, policy="torch-cpu")
     outer.__enter__()
     inner.__enter__()
     outer.__exit__(None, None, None)
@@ -249,7 +249,7 @@ def test_two_threads_in_different_regions_at_once():
             barrier.wait()  # both have looked
         seen[key + "_after"] = torch.mm(A, B).dtype
 
-    threads = [threading.Thread(target=worker, args=("bf16", HpuAutocastMode())),
+    threads = [threading.Thread(target=worker, args=("bf16", HpuAutocastMode(device_type="cpu"))),
                threading.Thread(target=worker, args=("f16", HpuAutocastMode(torch.float16, policy="torch-cpu")))]
     for t in threads:
         t.start()
@@ -283,7 +283,7 @@ def test_observer_sees_each_cast_call():
         events.append((str(event.op), str(event.outcome), event.action and str(event.action), event.compute,
                        len(event.casts)))
 
-    with HpuAutocastMode(observer=observer):
+    with HpuAutocastMode(device_type="cpu", observer=observer):
         torch.mm(A, B)
         torch.exp(A)
         torch.relu(A)  # not listed: reported as such (the observer sees the fallback too)
@@ -327,18 +327,18 @@ def test_verbose_logs_through_the_hpu_autocast_logger(caplog):
     import logging
 
     with caplog.at_level(logging.DEBUG, logger="hpu_autocast"):
-        with HpuAutocastMode(verbose=True):
+        with HpuAutocastMode(device_type="cpu", verbose=True):
             torch.mm(A, B)
             with disable_casts():
                 torch.mm(A, B)  # disabled: no decision, no line
-        with HpuAutocastMode():  # not verbose: no line
+        with HpuAutocastMode(device_type="cpu"):  # not verbose: no line
             torch.mm(A, B)
     lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     assert lines == [("hpu_autocast", "DEBUG", "aten.mm.default  lower  f32,f32 -> bf16")]
 
 
 def test_record_and_report_with_the_decorator():
-    mode = HpuAutocastMode(record=True)
+    mode = HpuAutocastMode(device_type="cpu", record=True)
 
     @mode
     def step(a, b):
@@ -360,7 +360,7 @@ def test_an_op_raising_inside_the_region_leaves_it_working():
 
     bad_calls = [lambda: torch.mm(A, A), lambda: torch.ops.aten.mm.default(A, A), lambda: F.linear(A, B),
                  lambda: F.cross_entropy(A, torch.tensor([5, 7])), lambda: F.layer_norm(A, (5,))]
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         for bad in bad_calls:
             with pytest.raises((RuntimeError, IndexError)):
                 bad()
@@ -375,16 +375,16 @@ def test_observer_runs_with_the_policy_off_and_may_raise():
     def observer(event):
         seen.append(torch.mm(A, B).dtype)
 
-    with HpuAutocastMode(observer=observer):
+    with HpuAutocastMode(device_type="cpu", observer=observer):
         assert torch.mm(A, B).dtype == torch.bfloat16
     assert seen == [torch.float32]
 
     def failing(*event):
         raise LookupError("observer failed")
 
-    with HpuAutocastMode() as outer:
+    with HpuAutocastMode(device_type="cpu") as outer:
         with pytest.raises(LookupError):
-            with HpuAutocastMode(observer=failing):
+            with HpuAutocastMode(device_type="cpu", observer=failing):
                 torch.mm(A, B)
         # The failure unwound the inner region only; the outer one still casts.
         assert get_dtype() == outer.dtype and torch.mm(A, B).dtype == torch.bfloat16

@@ -213,7 +213,7 @@ def test_maybe_autocast_opt_out_runs_in_float32(policy):
         with maybe_autocast("cpu", enabled=False):
             return torch.baddbmm(torch.empty(4, 8, 8), q, k, beta=0, alpha=0.25)
 
-    with HpuAutocastMode(torch.bfloat16, policy=policy):
+    with HpuAutocastMode(torch.bfloat16, policy=policy, device_type="cpu"):
         ours = scores()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         native = scores()
@@ -228,7 +228,7 @@ def test_hpu_policy_trains(name):
     # lowered), and gives a finite loss and a finite gradient for every parameter that gets one
     # in float32.
     model, plain, inputs = pair(name)
-    out, grads = _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu"))
+    out, grads = _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu", device_type="cpu"))
     plain_out, plain_grads = _train_step(plain, inputs, contextlib.nullcontext())
     assert differences(out["logits"], plain_out["logits"])
     assert torch.isfinite(out["loss"]).all(), out["loss"]
@@ -245,4 +245,4 @@ def test_hpu_policy_gpt2_upcast_raises_as_on_gaudi():
     # that honours the opt-out (test_maybe_autocast_opt_out_runs_in_float32[hpu]) still raises.
     model, _, inputs = pair("gpt2_upcast")
     with pytest.raises(RuntimeError, match="Error with upcasting"):
-        _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu"))
+        _train_step(model, inputs, HpuAutocastMode(torch.bfloat16, policy="hpu", device_type="cpu"))

@@ -49,7 +49,7 @@ move their producer to the fp32 list if that matters""".replace("{engine}", ENGI
 
 def test_report_text_of_linear_relu_cross_entropy():
     lin, x, y = _model()
-    with record(policy="hpu") as rec:
+    with record(policy="hpu", device_type="cpu") as rec:
         F.cross_entropy(F.relu(lin(x)), y)
     # linear: x [2,4], weight [3,4], bias [3] cast to bf16: (8 + 12 + 3) * 2 bytes = 46;
     #   FLOPs 2 * 2 * 4 * 3 = 48 (the addmm it decomposes into).
@@ -59,7 +59,7 @@ def test_report_text_of_linear_relu_cross_entropy():
 
 def test_report_markdown_and_json():
     lin, x, y = _model()
-    with record(policy="hpu") as rec:
+    with record(policy="hpu", device_type="cpu") as rec:
         F.cross_entropy(F.relu(lin(x)), y)
     r = rec.report()
     assert r.to_markdown().splitlines()[:6] == [
@@ -85,7 +85,7 @@ def test_casts_match_the_casts_that_ran(cache_enabled):
     a = torch.randn(3, 3)
     b = a.bfloat16()
     oracle = _CastsBelow()
-    with oracle, record(policy="hpu", cache_enabled=cache_enabled) as rec:
+    with oracle, record(policy="hpu", device_type="cpu", cache_enabled=cache_enabled) as rec:
         for _ in range(2):  # the second forward reuses the cached weight casts, if caching
             F.cross_entropy(F.relu(lin(x)), y)
         torch.mm(a, a)      # one tensor, two casts
@@ -105,7 +105,7 @@ def test_flop_share_against_hand_count():
     x, w1, w2 = torch.randn(5, 8), torch.randn(16, 8), torch.randn(4, 16)
     img, k = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     q = torch.randn(1, 2, 3, 4)
-    with record(policy=policy) as rec:
+    with record(policy=policy, device_type="cpu") as rec:
         F.linear(F.linear(x, w1), w2)          # 2*5*8*16 + 2*5*16*4 = 1280 + 640
         F.conv2d(img, k)                        # out [1,3,3,3]: 2 * 27 * (2*3*3) = 972
         F.scaled_dot_product_attention(q, q, q)  # QK^T and AV: 2 * (2 * 2*3*3*4) = 288
@@ -120,7 +120,7 @@ def test_warnings_worth_acting_on():
     a = torch.randn(3)
     h = torch.randn(3, dtype=torch.bfloat16)
     # The cast cache off: with it, the repeated casts of m below would be served from it.
-    with record(policy="hpu", cache_enabled=False) as rec:
+    with record(policy="hpu", device_type="cpu", cache_enabled=False) as rec:
         torch.maximum(h, a)              # on no list, mixed floating inputs
         torch.maximum(h, a)
         torch.log(torch.mm(torch.randn(2, 2), torch.randn(2, 2)))  # fp32 list fed by bf16 mm
@@ -143,7 +143,7 @@ def test_warnings_worth_acting_on():
 def test_recorder_is_an_observer_and_reports_snapshots():
     lin, x, _ = _model()
     rec = Recorder()
-    with HpuAutocastMode(observer=rec):
+    with HpuAutocastMode(device_type="cpu", observer=rec):
         lin(x)
         first = rec.report()
         lin(x)
@@ -168,7 +168,7 @@ def test_empty_report():
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
     lin, x, y = _model()
-    with record() as rec:
+    with record(device_type="cpu") as rec:
         F.cross_entropy(F.relu(lin(x)), y)
     for name in ("r.png", "r.svg"):
         rec.report().plot(tmp_path / name)
@@ -181,7 +181,7 @@ def test_op_graph_marks_casts():
     # Note [the order of casts]).
     lin, x, _ = _model()
     model = torch.nn.Sequential(lin, torch.nn.ReLU())
-    assert op_graph(model, x) == """\
+    assert op_graph(model, x, device_type="cpu") == """\
 digraph ops {
   node [shape=box, fontname="monospace"];
   t0 [label="0.bias\\nf32[3]", shape=ellipse];
@@ -212,7 +212,7 @@ _needs_integration = pytest.mark.skipif(not _INTEGRATED, reason="HpuAutocastMode
 @_needs_integration
 def test_mode_record_and_report():
     lin, x, y = _model()
-    mode = HpuAutocastMode(record=True)
+    mode = HpuAutocastMode(device_type="cpu", record=True)
     with mode:
         F.cross_entropy(F.relu(lin(x)), y)
     assert str(mode.report()) == EXPECTED
@@ -229,7 +229,7 @@ def test_mode_verbose_logs(caplog):
 
     lin, x, _ = _model()
     with caplog.at_level(logging.DEBUG, logger="hpu_autocast"):
-        with HpuAutocastMode(verbose=True):
+        with HpuAutocastMode(device_type="cpu", verbose=True):
             lin(x)
     assert [r.getMessage() for r in caplog.records] == ["aten.linear.default  lower  f32,f32,f32 -> bf16"]
 
@@ -264,7 +264,7 @@ def test_flops_of_calls_fed_lower_beside_float32_weights_equal_torchs_counter():
         F.scaled_dot_product_attention(lower(qd), other(qd), other(qd))
 
     policy = build_policy("t", lower=["conv2d", "bmm", "baddbmm", "scaled_dot_product_attention"])
-    with record(policy=policy) as rec:
+    with record(policy=policy, device_type="cpu") as rec:
         calls()
     r = rec.report()
     # The oracle runs the same calls cast by hand (module weights in bf16), SDPA on meta tensors:

@@ -40,7 +40,8 @@ def pair(name):
     """Two tensors ``torch.<name>`` takes: the second broadcasts against the first; each of any
     dtype of DTYPES (float32, both lower dtypes, float64, int64, bool), shapes of 0 to 3
     dimensions of size 1 to 4. Unchecked: torch's refusals (bool subtraction) are outcomes here."""
-    return inputs_for(OVERLOADS[name], dtypes=DTYPES, mixed=True, check=False).map(lambda call: call[0][:2])
+    calls = inputs_for(OVERLOADS[name], dtypes=DTYPES, mixed=True, device="cpu", check=False)
+    return calls.map(lambda call: call[0][:2])
 
 def is_eligible(t) -> bool:
     return _is_eligible(t, "cpu")  # every tensor here is on the CPU, the regions' device
@@ -112,10 +113,10 @@ def _binary_op_follows_its_rule(name, a, b, lower, policy, action):
     control = _control(name, a, b, lower, action)
     if control is PromoteError:
         # Promote met the other lower dtype before any float32: it raises, as native autocast does.
-        with HpuAutocastMode(lower, policy=policy), pytest.raises(PromoteError):
+        with HpuAutocastMode(lower, policy=policy, device_type="cpu"), pytest.raises(PromoteError):
             getattr(torch, name)(a, b)
         return
-    with HpuAutocastMode(lower, policy=policy):
+    with HpuAutocastMode(lower, policy=policy, device_type="cpu"):
         out = getattr(torch, name)(a, b)
     assert out.dtype == control.dtype and torch.equal(out, control)
     eligible = [t.dtype for t in (a, b) if is_eligible(t)]
@@ -151,7 +152,7 @@ def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, see
         return torch.softmax(a, -1, dtype=db) if a.dim() else torch.softmax(a.reshape(1), -1, dtype=db)
 
     plain = call()
-    with HpuAutocastMode(lower, policy=policy):
+    with HpuAutocastMode(lower, policy=policy, device_type="cpu"):
         ours = call()
     assert ours.dtype == plain.dtype and torch.equal(ours, plain)
 
@@ -217,9 +218,10 @@ def _same(out, control) -> bool:
 def test_hpu_preset_op_follows_its_seed_list(name, shapes, data):
     action, arity, fn = HPU_OPS[name]
     # Any dtype of DTYPES per input (eligible or not), alternating two broadcastable shapes.
-    tensors = [data.draw(eligible_tensors(shapes[i % 2], dtypes=DTYPES), label=f"input {i}") for i in range(arity)]
+    tensors = [data.draw(eligible_tensors(shapes[i % 2], dtypes=DTYPES, device="cpu"), label=f"input {i}")
+               for i in range(arity)]
     dtypes = [t.dtype for t in tensors]
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         out = _outcome(fn, tensors)
     # The hand-cast control: each eligible input cast to the rule's dtype, no mode.
     eligible = [t.dtype for t in tensors if is_eligible(t)]
@@ -254,7 +256,7 @@ def test_iadd_on_a_promote_list_keeps_its_first_input_dtype(shapes, da, db, seed
     # (CastPolicy.FIRST) when both are eligible.
     full = torch.broadcast_shapes(*shapes)
     a, b = _tensor(full, da, seed), _tensor(shapes[1], db, seed + 1)
-    with HpuAutocastMode(policy=PROMOTE_IADD):
+    with HpuAutocastMode(policy=PROMOTE_IADD, device_type="cpu"):
         out = _outcome(_iadd, [a.clone(), b])
     eligible = [t.dtype for t in (a, b) if is_eligible(t)]
     target = compute_dtype(CastPolicy.FIRST, eligible, torch.bfloat16) if eligible else None

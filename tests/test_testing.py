@@ -29,6 +29,16 @@ PRESETS = [n for n in hpu_autocast.preset_names() if hpu_autocast.get_preset(n).
 FAST = settings(max_examples=15, deadline=None)
 
 
+@pytest.fixture(autouse=True)
+def without_a_gpu(monkeypatch):
+    # hpu_autocast.testing follows the machine's device (check_policy's region, the strategies'
+    # tensors: a GPU's where there is one). These tests check it on CPU models and tensors, as on
+    # a machine without a GPU, and its defaults with them (the pytest fixture's, the example's).
+    from hpu_autocast.policies import _devices
+
+    monkeypatch.setattr(_devices, "_cuda", False)
+
+
 # --- a small model with a path that can be made float64 ------------------------------------------
 class MLP(nn.Module):
     def __init__(self, d: int, float64: bool = False) -> None:
@@ -333,8 +343,11 @@ def test_drawn_policies_are_followed(policy, data):
 
 
 @FAST
-@given(t=eligible_tensors(max_dims=2))
-def test_eligible_tensors(t):
+@given(data=st.data())
+def test_eligible_tensors(data):
+    # The strategy made in the test: its default device is the one the region has then (here the
+    # CPU, without_a_gpu), not the one it had when this module was imported.
+    t = data.draw(eligible_tensors(max_dims=2), label="t")
     assert t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.dim() <= 2
     assert t.device.type == "cpu"  # the region's default device here
     assert hpu_autocast.policies.rules.is_eligible(t, t.device.type)

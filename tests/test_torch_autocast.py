@@ -29,6 +29,7 @@ from torch.optim import optimizer as torch_optimizer
 
 import hpu_autocast
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, with_lists
+from hpu_autocast.mode import default_device_type
 
 SRC = pathlib.Path(hpu_autocast.__file__).resolve().parents[1]  # this checkout's src, for fresh interpreters
 
@@ -57,7 +58,11 @@ def _in_another_thread(fn):
 @pytest.fixture(autouse=True)
 def no_leak():
     yield
-    assert not hpu_autocast.is_enabled() and not torch.is_autocast_enabled("cpu"), "casting outlived its test"
+    # Native state of the CPU (these tests' oracle) and of the default device (a GPU's, where
+    # there is one): a region or a torch.autocast of either left on fails here.
+    devices = {"cpu", default_device_type()}
+    assert not hpu_autocast.is_enabled() and not any(map(torch.is_autocast_enabled, devices)), \
+        "casting outlived its test"
     assert torch.mm(*_ab()).dtype == torch.float32
 
 
@@ -69,7 +74,7 @@ def test_an_opt_out_turns_casting_off_for_its_body_and_its_exit_back_on(policy):
     # the body's mm stayed bfloat16.
     a, b = _ab()
     plain = torch.mm(a, b)
-    with HpuAutocastMode(policy=policy):
+    with HpuAutocastMode(policy=policy, device_type="cpu"):
         before = torch.mm(a, b)
         with torch.autocast("cpu", enabled=False):
             off = torch.mm(a, b)
@@ -101,14 +106,14 @@ def _levels(outer) -> list:
 def test_opt_outs_nested_in_several_levels_follow_native(policy):
     # mm is on both policies' lower lists, so every level has native's dtype and bits.
     native = _levels(torch.autocast("cpu", dtype=torch.bfloat16))
-    ours = _levels(HpuAutocastMode(policy=policy))
+    ours = _levels(HpuAutocastMode(policy=policy, device_type="cpu"))
     assert [t.dtype for t in native] == [torch.bfloat16, torch.float32] * 3 + [torch.bfloat16, torch.float32]
     assert all(_same(x, y) for x, y in zip(ours, native)), [(x.dtype, y.dtype) for x, y in zip(ours, native)]
 
 
 def test_a_region_entered_inside_an_opt_out_casts_and_its_exit_returns_to_the_opt_out():
     a, b = _ab()
-    with HpuAutocastMode(policy="hpu"):
+    with HpuAutocastMode(policy="hpu", device_type="cpu"):
         with torch.autocast("cpu", enabled=False):
             with HpuAutocastMode(policy="torch-cpu"):
                 inner = torch.mm(a, b).dtype
@@ -129,7 +134,8 @@ def test_an_opt_out_for_another_device_type_leaves_cpu_casting_on(policy):
             with torch.autocast("cuda", enabled=False):
                 return torch.mm(a, b), torch.is_autocast_enabled("cpu")
 
-    native, ours = run(torch.autocast("cpu", dtype=torch.bfloat16)), run(HpuAutocastMode(policy=policy))
+    native = run(torch.autocast("cpu", dtype=torch.bfloat16))
+    ours = run(HpuAutocastMode(policy=policy, device_type="cpu"))
     assert native[0].dtype == torch.bfloat16 and native[1] is True
     assert _same(ours[0], native[0]) and ours[1] is True
 
@@ -215,7 +221,7 @@ def test_guards_answer_as_native_autocast_does(situation, policy, dtype):
         return torch.autocast("cpu", dtype=dtype, enabled=enabled)
 
     def ours(enabled=True):
-        return HpuAutocastMode(dtype, policy=policy, enabled=enabled)
+        return HpuAutocastMode(dtype, policy=policy, device_type="cpu", enabled=enabled)
 
     expected = situation(native)
     n = len(GETTER_DEVICES)  # every device type's is_autocast_enabled first (ipu: issue 31, item 4)
@@ -311,7 +317,7 @@ def test_a_gru_after_an_lstm_without_onednn_matches_native():
 
 
 def test_a_gru_after_an_lstm_without_onednn_trains_under_hpu():
-    out, *grads = _lstm_then_gru(HpuAutocastMode(policy="hpu"))
+    out, *grads = _lstm_then_gru(HpuAutocastMode(policy="hpu", device_type="cpu"))
     assert out.dtype == torch.bfloat16  # the cells' GEMMs and gate products are lowered
     assert all(g.dtype == torch.float32 and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
@@ -375,7 +381,7 @@ def test_register_autocast_ops_under_torch_cpu_match_native(lib):
 
 def test_register_autocast_ops_under_a_policy_that_does_not_mirror_torch_run_uncast(lib):
     plain = _custom_calls()
-    with HpuAutocastMode(policy="hpu"):
+    with HpuAutocastMode(policy="hpu", device_type="cpu"):
         ours = _custom_calls()
     assert all(_same(x, y) for x, y in zip(ours, plain))  # Gaudi's lists name none of them
 
@@ -390,11 +396,11 @@ def test_an_op_only_torch_cpu_names_is_passed_on_as_if_it_had_no_kernel(lib):
     torch.library.impl(name, "CompositeExplicitAutograd", lambda x, y: torch.mul(x, y), lib=lib)
     torch.library.register_autocast(name, "cpu", torch.float32, lib=lib)
     x, y = torch.randn(4), torch.randn(4)
-    with HpuAutocastMode(policy="hpu"):
+    with HpuAutocastMode(policy="hpu", device_type="cpu"):
         before = OPS.fresh(x, y)
     with HpuAutocastMode(policy="torch-cpu"):
         OPS.fresh(x, y)
-    with HpuAutocastMode(policy="hpu"):
+    with HpuAutocastMode(policy="hpu", device_type="cpu"):
         after = OPS.fresh(x, y)
     assert before.dtype == torch.bfloat16
     assert _same(after, before)
@@ -407,7 +413,7 @@ torch.manual_seed(0)
 mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
 q = torch.randn(2, 5, 16)
 def run(policy):
-    with torch.no_grad(), HpuAutocastMode(policy=policy):
+    with torch.no_grad(), HpuAutocastMode(policy=policy, device_type="cpu"):
         return mha(q, q, q, need_weights=False)[0]
 before = run("hpu")
 run("torch-cpu")
@@ -433,7 +439,7 @@ def test_a_custom_op_on_a_policy_list_follows_the_list(lib):
     x, y = torch.randn(8, generator=g), torch.randn(8, generator=g)
     with HpuAutocastMode(policy=with_lists(get_preset("torch-cpu"), fp32=[f"{NS}::to_bf16"])):
         kept = OPS.to_bf16(x.bfloat16(), y.bfloat16())  # its own kernel would keep bfloat16
-    with HpuAutocastMode(policy=with_lists(get_preset("hpu"), lower=[f"{NS}::to_f32"])):
+    with HpuAutocastMode(policy=with_lists(get_preset("hpu"), lower=[f"{NS}::to_f32"]), device_type="cpu"):
         lowered = OPS.to_f32(x, y)
     assert _same(kept, _mul_add(x.bfloat16().float(), y.bfloat16().float()))
     assert _same(lowered, _mul_add(x.bfloat16(), y.bfloat16()))
@@ -501,7 +507,7 @@ def test_nested_regions_keep_the_patches_until_the_outermost_exits():
     # Failed with the count of open regions dropped (the inner exit restored torch's, and the
     # outer region's opt-out then set native state only: mm stayed bfloat16).
     a, b = _ab()
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         with HpuAutocastMode(policy="torch-cpu"):
             pass
         assert _patched()
@@ -516,7 +522,7 @@ def test_regions_in_two_threads_keep_the_patches_until_the_last_exits(first):
     seen = {}
 
     def other():
-        with HpuAutocastMode():
+        with HpuAutocastMode(device_type="cpu"):
             opened.set()
             release.wait(timeout=30)
             seen["other"] = torch.is_autocast_enabled("cpu")
@@ -525,7 +531,7 @@ def test_regions_in_two_threads_keep_the_patches_until_the_last_exits(first):
     t = threading.Thread(target=other)
     t.start()
     assert opened.wait(timeout=30)
-    with HpuAutocastMode():
+    with HpuAutocastMode(device_type="cpu"):
         if first == "other thread":
             release.set()
             assert done.wait(timeout=30)
@@ -542,7 +548,7 @@ def test_regions_in_two_threads_keep_the_patches_until_the_last_exits(first):
 
 def test_an_exception_inside_a_region_restores_torchs_own():
     with pytest.raises(ZeroDivisionError):
-        with HpuAutocastMode():
+        with HpuAutocastMode(device_type="cpu"):
             with torch.autocast("cpu", enabled=False):
                 1 / 0
     assert _torchs_own()
@@ -622,7 +628,7 @@ def test_under_hpu_ops_follow_gaudis_lists_not_natives_inside_native_autocast():
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         native = ops()
-        with HpuAutocastMode(policy="hpu"):
+        with HpuAutocastMode(policy="hpu", device_type="cpu"):
             ours = ops()
             with torch.autocast("cpu"):
                 nested = ops()
@@ -662,7 +668,7 @@ def test_custom_bwd_after_the_region_re_enters_native_autocast(decorators, backw
     # mul is on Gaudi's lower list and on none of torch's: its dtype says whose lists ran.
     fn = _function(*(TORCH_AMP if decorators == "torch.amp" else OURS_AMP))
     x = torch.randn(4, requires_grad=True)
-    with HpuAutocastMode(policy="hpu"):
+    with HpuAutocastMode(policy="hpu", device_type="cpu"):
         y = fn.apply(x)
         if backward == "inside":
             y.sum().backward()

@@ -57,7 +57,7 @@ def mm_softmax(a, b):
 
 
 def test_casts_are_nodes_and_mm_takes_bf16():
-    gm = trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4), policy="hpu")
+    gm = trace(mm_softmax, torch.randn(2, 3), torch.randn(3, 4), policy="hpu", device_type="cpu")
     casts = cast_nodes(gm)
     # hpu: mm is on the lower list (both inputs cast, the last first, as native casts them),
     # softmax is unlisted (runs in bf16 as given).
@@ -104,7 +104,7 @@ def test_dispatch_level_casts_are_recorded():
 
 def test_graph_calls_only_aten_and_runs_without_the_mode():
     model = mlp()
-    gm = trace(model, example(model), policy="hpu")
+    gm = trace(model, example(model), policy="hpu", device_type="cpu")
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert all(isinstance(t, torch._ops.OpOverload) or t is operator.getitem for t in targets)
     seen = []
@@ -130,11 +130,11 @@ def test_trace_inside_a_region_records_its_own_regions_casts():
     # The engine sits above the tracer wherever the region is entered, so a trace inside another
     # region records the casts of the trace's own region (the innermost), not the outer one's.
     a, b = torch.randn(2, 3), torch.randn(3, 4)
-    outside = trace(mm_softmax, a, b, policy="hpu")
+    outside = trace(mm_softmax, a, b, policy="hpu", device_type="cpu")
     with HpuAutocastMode(torch.float16, policy="torch-cpu"):
-        inside = trace(mm_softmax, a, b, policy="hpu")
+        inside = trace(mm_softmax, a, b, policy="hpu", device_type="cpu")
     with HpuAutocastMode(enabled=False):
-        disabled = trace(mm_softmax, a, b, policy="hpu")
+        disabled = trace(mm_softmax, a, b, policy="hpu", device_type="cpu")
     assert outside.code == inside.code == disabled.code
     assert torch.equal(outside(a, b), inside(a, b))
 
@@ -146,11 +146,11 @@ def test_trace_inside_a_region_records_its_own_regions_casts():
 def test_forward_and_gradients_match_eager_under_the_mode(make, policy):
     model = make()
     x = example(model)
-    gm = trace(model, x, policy=policy)  # runs the model once (BatchNorm's statistics move)
+    gm = trace(model, x, policy=policy, device_type="cpu")  # runs the model once (BatchNorm's statistics move)
     twin = copy.deepcopy(model)
 
     def eager(inp):
-        with HpuAutocastMode(policy=policy):
+        with HpuAutocastMode(policy=policy, device_type="cpu"):
             return twin(inp)
 
     for _ in range(2):  # the second step sees the first one's running statistics
@@ -170,11 +170,11 @@ def test_traced_training_step_matches_eager(policy, backward_in_region):
         # trace() puts all of fn in the region; a disabled region inside it runs the
         # backward plainly, as a training loop that calls backward outside the region does.
         loss = F.cross_entropy(functional_call(model, params, (x,)), target)
-        with HpuAutocastMode(policy=policy, enabled=backward_in_region):
+        with HpuAutocastMode(policy=policy, device_type="cpu", enabled=backward_in_region):
             return loss, torch.autograd.grad(loss, list(params.values()))
 
-    gm = trace(step, params, x, target, policy=policy)
-    with HpuAutocastMode(policy=policy):
+    gm = trace(step, params, x, target, policy=policy, device_type="cpu")
+    with HpuAutocastMode(policy=policy, device_type="cpu"):
         ref_loss, ref_grads = step(params, x, target)
     loss, grads = gm(params, x, target)
     assert_same([loss, *grads], [ref_loss, *ref_grads])
@@ -193,12 +193,12 @@ def test_compiled_graph_matches_eager_under_the_mode(backend, policy):
     torch._dynamo.reset()
     model = mlp()
     x = example(model)
-    gm = trace(model, x, policy=policy)
+    gm = trace(model, x, policy=policy, device_type="cpu")
     twin = copy.deepcopy(model)
     compiled = torch.compile(gm, backend=backend)
 
     def eager(inp):
-        with HpuAutocastMode(policy=policy):
+        with HpuAutocastMode(policy=policy, device_type="cpu"):
             return twin(inp)
 
     assert_same(step_values(compiled, model, x), step_values(eager, twin, x))

@@ -17,7 +17,7 @@ from hpu_autocast import HpuAutocastMode
 def region(native: bool, policy: str = "torch-cpu", dtype=torch.bfloat16):
     if native:
         return torch.autocast("cpu", dtype=dtype)
-    return HpuAutocastMode(dtype, policy=policy)
+    return HpuAutocastMode(dtype, policy=policy, device_type="cpu")
 
 
 class Block(torch.nn.Module):
@@ -198,7 +198,7 @@ def test_region_in_one_thread_does_not_cast_another():
     a, b = torch.randn(3, 3), torch.randn(3, 3)
 
     def with_region():
-        with HpuAutocastMode(torch.bfloat16):
+        with HpuAutocastMode(torch.bfloat16, device_type="cpu"):
             inside.wait()  # the other thread computes while this region is open
             dtypes["region"] = torch.mm(a, b).dtype
             done.wait()

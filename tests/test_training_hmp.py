@@ -16,6 +16,16 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture(autouse=True)
+def without_a_gpu(monkeypatch):
+    # HMP's convert names no device: its region casts for the machine's (a GPU's where there is
+    # one). These tests check HMP's casts on CPU tensors, as on a machine without a GPU, which
+    # the example then runs on too.
+    from hpu_autocast.policies import _devices
+
+    monkeypatch.setattr(_devices, "_cuda", False)
+
+
+@pytest.fixture(autouse=True)
 def clean_up_convert():
     # hmp.convert lasts until process end, as HMP's does; every test undoes it.
     yield

@@ -38,7 +38,7 @@ aten = torch.ops.aten
 
 def _error(fn, *inputs, policy) -> float:
     """The default metric, measured by compare(): an inf or nan float32 lacks is infinite."""
-    c = compare(fn, *inputs, dtype=torch.bfloat16, policy=policy)
+    c = compare(fn, *inputs, dtype=torch.bfloat16, policy=policy, device_type="cpu")
     return float("inf") if c.nonfinite else c.max_rel
 
 
@@ -53,7 +53,7 @@ def _moved(*names, start="hpu") -> Policy:
 
 def _compute_dtypes(fn, *inputs, policy) -> dict:
     """``{op name: {compute dtypes}}`` of a recorded run."""
-    with record(torch.bfloat16, policy=policy) as rec:
+    with record(torch.bfloat16, policy=policy, device_type="cpu") as rec:
         fn(*inputs)
     out: dict = {}
     for row in rec.report().rows:
@@ -66,7 +66,7 @@ def _compute_dtypes(fn, *inputs, policy) -> dict:
 @pytest.fixture(scope="module")
 def demo():
     fn, inputs = runpy.run_path(str(DEMO), run_name="demo")["tune_target"]()
-    return fn, inputs, tune(fn, *inputs, policy="hpu", tolerance=TOL)
+    return fn, inputs, tune(fn, *inputs, policy="hpu", device_type="cpu", tolerance=TOL)
 
 
 def test_the_worked_example_meets_the_tolerance_measured_again(demo):
@@ -124,7 +124,7 @@ def test_the_run_count_is_printed_and_bounded(demo):
 def test_progress_gets_a_line_per_run_and_max_runs_bounds_them(demo):
     fn, inputs, _ = demo
     lines = []
-    result = tune(fn, *inputs, policy="hpu", tolerance=TOL, max_runs=8, progress=lines.append)
+    result = tune(fn, *inputs, policy="hpu", device_type="cpu", tolerance=TOL, max_runs=8, progress=lines.append)
     assert result.runs == 8 and len(lines) == 8 - 1  # the reference's two runs make one line
     assert lines[0] == "run 2/8: float32 reference, run twice (difference 0.0e+00)"
     assert lines[1].startswith("run 3/8: start (hpu) -> error ")
@@ -141,7 +141,7 @@ def test_a_model_within_tolerance_is_returned_unchanged():
     x = torch.randn(4, 8)
     with torch.no_grad():
         assert _error(model, x, policy="hpu") <= TOL
-        result = tune(model, x, policy="hpu", tolerance=TOL)
+        result = tune(model, x, policy="hpu", device_type="cpu", tolerance=TOL)
     assert result.policy is get_preset("hpu")
     assert result.moved == () and result.runs == 3  # float32 twice, the start once
     assert all(not r.moved and r.why == "the start is within tolerance" for r in result.rows)
@@ -171,7 +171,7 @@ def test_a_pair_single_moves_do_not_fix_is_found():
         assert set(ran) == {"linear", "add", "mean", "sub"}
         for name in ran:  # one op at a time: none is enough
             assert _error(model, x, policy=_moved(name)) > 10 * TOL, name
-        result = tune(model, x, policy="hpu", tolerance=TOL)
+        result = tune(model, x, policy="hpu", device_type="cpu", tolerance=TOL)
         assert result.moved == ("add", "mean")
         assert _error(model, x, policy=result.policy) <= TOL
         assert _error(model, x, policy=_moved("add", "mean")) <= TOL
@@ -191,7 +191,7 @@ def test_a_user_metric_takes_the_two_runs_outputs():
         return (ref - out.float()).abs().max()  # a 0-dim tensor is accepted
 
     with torch.no_grad():
-        result = tune(model, x, policy="hpu", tolerance=0.05, metric=metric)
+        result = tune(model, x, policy="hpu", device_type="cpu", tolerance=0.05, metric=metric)
     assert seen[0] == (torch.float32, torch.float32)  # the float32 rerun
     assert (torch.float32, torch.bfloat16) in seen
     with torch.no_grad():
@@ -205,7 +205,8 @@ def test_a_metric_never_met_returns_the_least_error_and_says_so():
     model, x = OffsetMean().eval(), torch.randn(4, 8)
     answers = iter([0.0])  # the float32 rerun's: the same; then every candidate is off
     with torch.no_grad():
-        result = tune(model, x, policy="hpu", tolerance=0.0, metric=lambda ref, out: next(answers, 1.0))
+        result = tune(model, x, policy="hpu", device_type="cpu", tolerance=0.0,
+                      metric=lambda ref, out: next(answers, 1.0))
     assert not result.met
     assert "NOT within tolerance" in str(result)
     assert all(r.why == "tolerance not met: this is the least error measured" for r in result.rows)
@@ -221,7 +222,7 @@ def _bf16_only():
 def test_bad_arguments_are_named():
     model, x = OffsetMean().eval(), torch.randn(4, 8)
     with pytest.raises(ValueError, match="tolerance must be a finite number >= 0.*got -1"):
-        tune(model, x, tolerance=-1)
+        tune(model, x, device_type="cpu", tolerance=-1)
     with pytest.raises(TypeError, match="metric must be None .* got 3"):
         tune(model, x, metric=3)
     with pytest.raises(ValueError, match="max_runs must be an int >= 3.*got 2"):
@@ -275,7 +276,7 @@ def test_the_gaudi_config_loads_back_to_the_same_policy(demo, tmp_path):
 def test_an_unchanged_result_writes_the_start_lists(tmp_path):
     model = nn.Linear(4, 4).eval()
     with torch.no_grad():
-        result = tune(model, torch.randn(2, 4), tolerance=0.5)
+        result = tune(model, torch.randn(2, 4), device_type="cpu", tolerance=0.5)
     assert result.policy is get_preset("hpu")
     lower, fp32 = result.write_lists(tmp_path)
     assert policy_from_files("hpu", lower=lower, fp32=fp32).table == get_preset("hpu").table
@@ -284,7 +285,7 @@ def test_an_unchanged_result_writes_the_start_lists(tmp_path):
 def test_another_start_policy_round_trips_too(tmp_path):
     model, x = OffsetMean().eval(), torch.randn(4, 8)
     with torch.no_grad():
-        result = tune(model, x, policy="torch-cpu", tolerance=TOL)
+        result = tune(model, x, policy="torch-cpu", device_type="cpu", tolerance=TOL)
     assert result.met and result.start is get_preset("torch-cpu")
     lower, fp32 = result.write_lists(tmp_path)
     assert policy_from_files(get_preset("torch-cpu"), lower=lower, fp32=fp32) == result.policy
@@ -307,14 +308,15 @@ def test_the_command_tunes_the_scripts_target(tmp_path, capsys):
         "        answers = iter([0.0])\n"
         "        return fn, (torch.randn(4, 8),), lambda ref, out: next(answers, 1.0)\n"
         "    return fn, torch.randn(4, 8)\n")
-    code = main(["tune", "--lists", str(tmp_path / "lists"), "--gaudi-config", str(tmp_path / "g.json"), str(script)])
+    code = main(["tune", "--device-type", "cpu", "--lists", str(tmp_path / "lists"),
+                 "--gaudi-config", str(tmp_path / "g.json"), str(script)])
     out, err = capsys.readouterr()
     assert code == 0
     assert "moved to fp32: add, mean" in out and "error: " in out
     assert f"export {ENV_LOWER}={tmp_path / 'lists' / 'lower_ops.txt'}" in out
     assert re.search(r"^run 2/200: float32 reference", err, re.M)  # progress on stderr
     assert json.loads((tmp_path / "g.json").read_text())["use_torch_autocast"] is True
-    assert main(["tune", "--quiet", "--max-runs", "5", str(script), "never"]) == 1  # not met
+    assert main(["tune", "--device-type", "cpu", "--quiet", "--max-runs", "5", str(script), "never"]) == 1  # not met
     assert capsys.readouterr().err == ""
 
 
@@ -336,7 +338,7 @@ def test_the_command_refuses_flags_out_of_range(capsys):
 
 
 def test_the_command_in_a_fresh_interpreter_on_the_demo(tmp_path):
-    cmd = [sys.executable, "-m", "hpu_autocast", "tune", "--quiet", str(DEMO)]
+    cmd = [sys.executable, "-m", "hpu_autocast", "tune", "--device-type", "cpu", "--quiet", str(DEMO)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "moved to fp32: mean, mul" in done.stdout
@@ -407,7 +409,7 @@ def test_when_only_the_gemms_lower_meets_the_tolerance_tune_meets_it_keeping_the
         gemms = {name for name, gemm in ran.items() if gemm}
         # Only the GEMMs in lower precision: every other op that ran in bf16 moved to float32.
         floor = _error(model, x, policy=_moved(*sorted(set(ran) - gemms)))
-        result = tune(model, x, policy="hpu", tolerance=tol)
+        result = tune(model, x, policy="hpu", device_type="cpu", tolerance=tol)
         measured = _error(model, x, policy=result.policy)
         assert measured == result.error  # tune reports what a fresh run measures
         event("start within tolerance" if result.start_error <= tol else
@@ -423,7 +425,7 @@ def test_when_only_the_gemms_lower_meets_the_tolerance_tune_meets_it_keeping_the
 
 
 def test_the_result_type_is_exported():
-    assert isinstance(tune(lambda x: x * 2, torch.ones(2), tolerance=0.5), TuneResult)
+    assert isinstance(tune(lambda x: x * 2, torch.ones(2), device_type="cpu", tolerance=0.5), TuneResult)
 
 
 # --- the CNN worked example (examples/tune_cnn.py, docs/tuning.md) --------------------------------
@@ -433,7 +435,7 @@ def test_the_cnn_example_counts_every_conv_and_is_the_documented_one():
     # tune counted only the first conv's FLOPs and ranked the rest as elementwise work.
     from torch.utils.flop_counter import FlopCounterMode
     fn, inputs = runpy.run_path(str(ROOT / "examples" / "tune_cnn.py"), run_name="cnn")["tune_target"]()
-    result = tune(fn, *inputs, policy="hpu", tolerance=0.002)
+    result = tune(fn, *inputs, policy="hpu", device_type="cpu", tolerance=0.002)
     with FlopCounterMode(display=False) as counter:
         fn(*inputs)  # float32; FLOPs are shapes alone
     flops = {k.__name__: v for k, v in counter.get_flop_counts()["Global"].items()}
@@ -451,7 +453,8 @@ def test_an_empty_batch_is_refused_not_met_with_error_0(outputs):
     # Failed before (issue 31, item 7): met=True, error 0, whatever the policy.
     x = torch.randn(0, 4)
     with pytest.raises(ValueError, match=r"hold no floating element \(an empty batch\?\)"):
-        tune(lambda t: outputs(torch.nn.functional.linear(t, torch.ones(3, 4))), x, tolerance=TOL)
+        tune(lambda t: outputs(torch.nn.functional.linear(t, torch.ones(3, 4))), x, device_type="cpu",
+             tolerance=TOL)
     # With a metric of the user's, the outputs are the metric's business.
     assert tune(lambda t: t * 2, x, metric=lambda ref, out: 0.0).met
 

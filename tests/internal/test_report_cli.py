@@ -55,7 +55,8 @@ def _dynamo_import_runs_tensor_ops() -> bool:
 def test_report_command_on_the_demo(tmp_path):
     # Run as a user would, in a fresh interpreter.
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "hpu_autocast.cli.report_command", "report", "--json", str(tmp_path / "r.json"), DEMO]
+    cmd = [sys.executable, "-m", "hpu_autocast.cli.report_command", "report", "--device-type", "cpu", "--json",
+           str(tmp_path / "r.json"), DEMO]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     loss, report = out.split("\n", 1)
     assert re.fullmatch(r"loss \d+\.\d{4}", loss)
@@ -91,7 +92,7 @@ def test_report_printed_when_the_script_fails(tmp_path, capsys):
     # As `python s.py` ends: the traceback on stderr, from the script's frames on, and status 1.
     script = tmp_path / "s.py"
     script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\nraise ValueError('boom')\n")
-    assert _report_cli.main(["report", str(script)]) == 1
+    assert _report_cli.main(["report", "--device-type", "cpu", str(script)]) == 1
     out, err = capsys.readouterr()
     assert "aten.mm.default  lower" in out
     assert err == (f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n'
@@ -102,8 +103,20 @@ def test_plot_flag(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     script = tmp_path / "s.py"
     script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n")
-    assert _report_cli.main(["report", "--plot", str(tmp_path / "r.png"), str(script)]) == 0
+    assert _report_cli.main(["report", "--device-type", "cpu", "--plot", str(tmp_path / "r.png"), str(script)]) == 0
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_device_type_picks_the_tensors_the_scripts_region_casts(tmp_path, capsys):
+    # Failed before: no such flag, so a GPU machine's report of a CPU script (its region casting
+    # CUDA tensors, the machine's) showed nothing cast, and could not be asked otherwise.
+    script = tmp_path / "s.py"
+    script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n")
+    rows = {}
+    for device in ("cpu", "meta"):
+        assert _report_cli.main(["report", "--device-type", device, str(script)]) == 0
+        rows[device] = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if "aten.mm" in line]
+    assert rows == {"cpu": [["aten.mm.default", "lower"]], "meta": []}  # a meta region leaves CPU tensors
 
 
 def test_add_parser_registers_report():
@@ -118,5 +131,5 @@ def test_list_flags_replace_the_presets_lists(tmp_path, capsys):
     fp32.write_text("mm\n")
     script = tmp_path / "s.py"
     script.write_text("import torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n")
-    assert _report_cli.main(["report", "--fp32-list", str(fp32), str(script)]) == 0
+    assert _report_cli.main(["report", "--device-type", "cpu", "--fp32-list", str(fp32), str(script)]) == 0
     assert "aten.mm.default  fp32    f32,f32 -> f32" in capsys.readouterr().out

@@ -170,7 +170,7 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 # walk over the arguments (``_cast_inputs``) casts the eligible ones, and ``_cast_and_call``
 # does what every policy does alike: call with the engine's keys excluded, report. What may be
 # cast is ``rules.eligibility``'s predicate (the region's ``eligible``). csrc/core.cpp has the
-# same shape in C++, and tests/test_cast_spec.py runs the same cases against both.
+# same shape in C++, and tests/test_cast_policies.py runs the same cases against both.
 class _Call:
     """One call under a rule, as a cast policy's function sees it: it may change ``op`` (the
     overload called), ``args`` and ``kwargs`` (the dtype arguments); ``given`` keeps the user's
@@ -190,11 +190,12 @@ class _Call:
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
     """Apply ``rule`` to one call: its cast policy's function names the target, the walk casts,
     the op is called, the observer told. A call passing a ``torch.dtype`` under a policy that
-    leaves those alone runs unchanged (seed 003; ``OpRule.leave_explicit``); a rule left to native
-    autocast (``Policy.native``; its action is ``None``) hands the call over."""
+    leaves those alone runs unchanged (seed 003; ``OpRule.leave_explicit``), reported only with a
+    floating tensor of the region's device, as every call; a rule left to native autocast
+    (``Policy.native``; its action is ``None``) hands the call over."""
     if rule.action is None:
         return _to_native(frame, rule, op, args, kwargs, level)
-    if rule.leave_explicit and has_explicit_dtype(args, kwargs):
+    if rule.leave_explicit and has_explicit_dtype(args, kwargs) and _reached(frame.region, rule, args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
     call = _Call(frame, rule, op, args, kwargs)
     return _cast_and_call(call, level, _TARGET[rule.action](call))
@@ -347,12 +348,10 @@ def _positions(rule: OpRule, args: list, kwargs: dict, input_only: bool) -> list
     the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
     out = []
     for i, a in enumerate(args):
-        if isinstance(a, _Tensor):
+        if isinstance(a, _Tensor) or type(a) is list or type(a) is tuple:
             out.append(i)
-            if input_only:
+            if input_only and isinstance(a, _Tensor):
                 return out
-        elif type(a) is list or type(a) is tuple:
-            out.append(i)
     if not input_only:
         out += [n for n, v in kwargs.items() if isinstance(v, _Tensor) and n not in rule.written_names]
     return out

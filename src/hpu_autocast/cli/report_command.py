@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import torch
 
+from ..policies._devices import REGION_DEVICE_TYPES
 from ..policies.builder import policy_from_files
 
 __all__ = ["add_parser", "add_script_arguments", "check_script_arguments", "policy_of", "UsageError", "Parser",
@@ -54,7 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def add_script_arguments(p: argparse.ArgumentParser, script_help: str) -> None:
     """The arguments of a command that runs a script under a policy (``report``, ``tune``): the
     script and its arguments, the preset, the dtype and list files replacing the preset's lists
-    (read by ``policy_of``)."""
+    (read by ``policy_of``), and the region's device type."""
     p.add_argument("script", help=script_help)
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv)")
     p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
@@ -62,6 +63,10 @@ def add_script_arguments(p: argparse.ArgumentParser, script_help: str) -> None:
                    help="lower-precision dtype (default: bfloat16)")
     p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
     p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
+    # A script's tensors need not be on the machine's device (a CPU script on a GPU machine).
+    p.add_argument("--device-type", choices=REGION_DEVICE_TYPES, default=None,
+                   help="the tensors the region casts (default: the preset's device, else hpu, cuda or cpu, "
+                        "the device this machine runs on)")
 
 
 def check_script_arguments(ns: argparse.Namespace) -> None:
@@ -99,7 +104,8 @@ def run(ns: argparse.Namespace) -> int:
     rec = Recorder()
     # Note: the whole script is one region, optimizer steps included. The cast cache assumes
     # weights do not change inside a region (as torch.autocast's does), so it is off here.
-    mode = HpuAutocastMode(DTYPES[ns.dtype], policy=policy_of(ns), cache_enabled=False, observer=rec)
+    mode = HpuAutocastMode(DTYPES[ns.dtype], policy=policy_of(ns), device_type=ns.device_type, cache_enabled=False,
+                           observer=rec)
     rec.policy, rec.dtype = mode.policy.name, mode.dtype  # the header, even if the script fails early
     argv, sys.argv = sys.argv, [ns.script, *ns.args]
     code, message, error = 0, None, None

@@ -99,7 +99,7 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     progress = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     result = tune(fn, *inputs, dtype=DTYPES[ns.dtype], policy=policy_of(ns), tolerance=ns.tolerance,
-                  metric=metric, max_runs=ns.max_runs, progress=progress)
+                  metric=metric, max_runs=ns.max_runs, device_type=ns.device_type, progress=progress)
     print(result)
     if ns.lists:
         env = result.environment(*result.write_lists(ns.lists))
