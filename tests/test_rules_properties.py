@@ -165,7 +165,7 @@ def test_explicit_dtype_cast(shape, da, db, seed):
     # hpu, reads its eligible input in bfloat16 whatever dtype= says; float64 is not eligible.
     a = _tensor(tuple(shape), da, seed)
     control = a.bfloat16() if da is not torch.float64 else a
-    with HpuAutocastMode(torch.bfloat16, policy="hpu"):
+    with HpuAutocastMode(torch.bfloat16, policy="hpu", device_type="cpu"):
         ours = torch.softmax(a, -1, dtype=db)
     expected = torch.softmax(control, -1, dtype=db)
     assert ours.dtype == expected.dtype and torch.equal(ours, expected)
