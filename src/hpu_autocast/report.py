@@ -164,6 +164,9 @@ class Recorder:
                 row.flops = (row.flops or 0) + f
             else:
                 self._warn(("flops", name), f"{name}: FLOPs unknown (no meta kernel); not counted")
+        if event.reason and event.reason.startswith("fp8 fallback"):  # _fp8.route: a GEMM in bf16
+            self._warn(("fp8", name, event.reason), f"{name} ran in {short_dtype(event.compute)}, not fp8: "
+                       f"{event.reason[len('fp8 fallback: '):]}")
         self._check(event, action)
 
     def _flops_of(self, op, args, kwargs, compute: Optional[torch.dtype]) -> Optional[int]:
@@ -290,12 +293,12 @@ class PrecisionReport:
 
     @property
     def lower_flop_share(self) -> Optional[float]:
-        """The share of matmul/conv FLOPs that ran in bfloat16 or float16 (``None``: no FLOPs)."""
+        """The share of matmul/conv FLOPs that ran in bfloat16, float16 or fp8 (``None``: no FLOPs)."""
         by = self.flops_by_dtype
         total = sum(by.values())
         if not total:
             return None
-        return sum(v for k, v in by.items() if k in ("bf16", "f16")) / total
+        return sum(v for k, v in by.items() if k in ("bf16", "f16", "f8e4m3")) / total
 
     def by_op(self) -> Dict[str, dict]:
         """Per op overload: calls, and calls by action and by dtype signature."""
