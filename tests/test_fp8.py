@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, record
 from hpu_autocast.policies.recipes import Delayed, Tensorwise
-from hpu_autocast.events import Outcome
+from hpu_autocast.policies.policy import CastPolicy
 
 FP8 = torch.float8_e4m3fn
 pytestmark = pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="no torch._scaled_mm")
@@ -208,3 +208,69 @@ def test_delayed_scaling_scales_by_the_history_of_earlier_calls():
     ref = torch._scaled_mm(xq, wq.t(), x1.to(torch.bfloat16).abs().max().float() / 448, ws,
                            out_dtype=torch.bfloat16)
     assert torch.equal(second, ref)
+
+
+# -- 5. tune, testing, torch.compile ----------------------------------------------------------------
+def _net():
+    torch.manual_seed(6)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
+    return net, torch.randn(32, 64)
+
+
+def test_tune_moves_a_gemm_from_fp8_to_bf16_before_anything_to_float32():
+    from hpu_autocast import tune
+    from hpu_autocast.numerics import compare_outputs
+
+    net, x = _net()
+    fn = lambda x: torch.softmax(net(x), -1)  # noqa: E731
+    loose = tune(fn, x, dtype=FP8, tolerance=0.5)
+    assert loose.bf16_gemms == () and loose.policy == loose.start  # fp8 meets it: nothing moves
+    result = tune(fn, x, dtype=FP8, tolerance=0.5 * loose.start_error)
+    assert result.bf16_gemms == ("linear",) and result.moved == () and result.met
+    assert torch.ops.aten.linear.default in result.policy.bf16_gemms
+    ref = fn(x)
+    with HpuAutocastMode(FP8, policy=result.policy):  # the tuned policy's error is what it says
+        again = compare_outputs(ref, fn(x))
+    _, seen = _events(lambda: fn(x), policy=result.policy)
+    assert {e.compute for e in seen if str(e.op) == "aten.linear.default"} == {torch.bfloat16}
+    assert again.max_rel == pytest.approx(result.error)
+
+
+def test_check_policy_finds_no_deviation_in_an_fp8_region():
+    from hpu_autocast.testing import check_policy
+
+    net, x = _net()
+    assert not check_policy(net, x, dtype=FP8, policy="hpu")
+
+
+def test_the_strategies_draw_fp8_regions_with_their_recipes():
+    from hypothesis import given, settings, HealthCheck
+    from hpu_autocast.testing import policies
+
+    drawn = []
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(policies(dtype=FP8, presets=["hpu"], max_changes=0))
+    def run(policy):
+        drawn.append(policy.fp8)
+        a, b = torch.randn(16, 32), torch.randn(32, 16)
+        out, seen = _events(lambda: torch.mm(a, b), policy=policy)
+        lowered = policy.table.get(torch.ops.aten.mm.default) is CastPolicy.LOWER
+        assert FP8 in policy.dtypes and (out.dtype is torch.bfloat16) == lowered
+
+    run()
+    assert any(isinstance(r, Delayed) for r in drawn) and Tensorwise() in drawn
+
+
+def test_torch_compile_in_an_fp8_region_gives_eagers_values():
+    net, x = _net()
+    x.requires_grad_(True)
+    fn = lambda x: torch.softmax(net(x), -1)  # noqa: E731
+    with HpuAutocastMode(FP8):
+        eager = fn(x)
+        (gx,) = torch.autograd.grad(eager.float().sum(), x)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager")(x)
+        (cgx,) = torch.autograd.grad(compiled.float().sum(), x)
+    torch._dynamo.reset()
+    assert torch.equal(compiled, eager) and torch.equal(cgx, gx)

@@ -239,7 +239,11 @@ def route(call) -> torch.dtype:
         return _BF16
     shape, product = entry
     tensors = [a for a in call.args if isinstance(a, torch.Tensor)]
+    policy = call.frame.region.compiled.policy
     why = None
+    if call.op in policy.bf16_gemms:
+        call.reason = "fp8: kept in bf16 by the policy (bf16_gemms)"
+        return _BF16
     if not all(t.is_floating_point() and call.frame.region.eligible(t) for t in tensors):
         why = "an input the region does not cast (float64, another device)"
     elif not _torch.HAS_SCALED_MM:
@@ -254,6 +258,6 @@ def route(call) -> torch.dtype:
         return _BF16
     at = _WEIGHT.get(call.op)
     weight = call.args[at] if at is not None and at < len(call.args) else None
-    call.op = Gemm(product, _histories(call.frame.region.compiled.policy.fp8, weight, str(call.op)))
+    call.op = Gemm(product, _histories(policy.fp8, weight, str(call.op)))
     call.compute = E4M3
     return _BF16
