@@ -274,3 +274,15 @@ def test_torch_compile_in_an_fp8_region_gives_eagers_values():
         (cgx,) = torch.autograd.grad(compiled.float().sum(), x)
     torch._dynamo.reset()
     assert torch.equal(compiled, eager) and torch.equal(cgx, gx)
+
+
+def test_the_report_shows_the_recipe_beside_the_fp8_dtype():
+    policy = dataclasses.replace(get_preset("hpu"), fp8=Delayed(history=8, amax_compute="most_recent"))
+    a = torch.randn(16, 16)
+    with record(FP8, policy=policy) as rec:
+        torch.mm(a, a)
+    assert str(rec.report()).startswith(
+        "hpu_autocast precision report: policy hpu, dtype f8e4m3 (delayed(history=8, margin=0, amax=most_recent))")
+    with record(torch.bfloat16) as rec:
+        torch.mm(a, a)
+    assert rec.report().dtype == "bf16"

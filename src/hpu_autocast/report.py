@@ -135,10 +135,11 @@ class Recorder:
     Cheap: a dictionary update per event, and a shapes-only rerun for matmul/conv-like calls
     (see the note at the top of this module)."""
 
-    def __init__(self, policy: Optional[str] = None, dtype: Optional[torch.dtype] = None) -> None:
+    def __init__(self, policy: Optional[str] = None, dtype: Optional[torch.dtype] = None, recipe=None) -> None:
         self.rows: Dict[tuple, Row] = {}
         self.policy = policy
         self.dtype = dtype
+        self.recipe = recipe  # an fp8 region's scaling recipe (Policy.fp8), shown beside its dtype
         self._warnings: Dict[tuple, list] = {}   # key -> [message, count, {op: None}]
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
@@ -231,7 +232,10 @@ class Recorder:
                 warnings.append(m.format(n=n, ops=", ".join(ops)))
             else:
                 warnings.append(m if n == 1 else f"{m} ({n} calls)")
-        return PrecisionReport(rows, warnings, self.policy, short_dtype(self.dtype) if self.dtype else None)
+        dtype = short_dtype(self.dtype) if self.dtype else None
+        if dtype and self.recipe is not None:
+            dtype = f"{dtype} ({self.recipe})"
+        return PrecisionReport(rows, warnings, self.policy, dtype)
 
 
 def _tensors(args: tuple, kwargs: dict):
