@@ -286,3 +286,28 @@ def test_the_report_shows_the_recipe_beside_the_fp8_dtype():
     with record(torch.bfloat16) as rec:
         torch.mm(a, a)
     assert rec.report().dtype == "bf16"
+
+
+# -- 6. Gaudi: the bridge's fp8 GEMM ------------------------------------------------------------------
+def test_on_hpu_tensors_the_bridges_fp8_gemm_runs(monkeypatch):
+    import _fake_habana
+
+    bridge = _fake_habana.install(monkeypatch)
+    x, w = _fake_habana.fake_hpu(torch.randn(2, 16, 64)), _fake_habana.fake_hpu(torch.randn(32, 64))
+    seen = []
+    with HpuAutocastMode(FP8, policy="hpu", device_type="hpu", observer=seen.append):
+        y = torch.softmax(F.linear(x, w), -1)
+    assert (y.dtype, y.device.type, tuple(y.shape)) == (torch.bfloat16, "hpu", (2, 16, 32))
+    assert bridge.calls.count(("fp8_gemm_v2", FP8, FP8, torch.bfloat16)) == 1
+    assert [(str(e.op), e.compute) for e in seen] == [("aten.linear.default", FP8), ("aten.softmax.int", torch.bfloat16)]
+
+
+def test_the_stand_ins_fp8_gemm_computes_what_scaled_mm_does(monkeypatch):
+    import _fake_habana
+
+    _fake_habana.install(monkeypatch)
+    a, sa = _hand(torch.randn(16, 32), FP8)
+    b, sb = _hand(torch.randn(32, 16), FP8)
+    ours = torch.ops.hpu.fp8_gemm_v2(a, False, b, False, None, torch.bfloat16, sa, sb, None, False)
+    ref = torch._scaled_mm(a, b.t().contiguous().t(), sa, sb, out_dtype=torch.bfloat16)
+    torch.testing.assert_close(ours, ref)  # bfloat16's tolerance: float32 sums in another order

@@ -101,6 +101,11 @@ def _row(x: torch.Tensor) -> torch.Tensor:
 
 
 def _mm(a_q, b_q, a_inv, b_inv, bias=None) -> torch.Tensor:
+    """The scaled fp8 product into bfloat16: on an HPU, Gaudi's bridge's ``hpu::fp8_gemm_v2`` where
+    ``habana_frameworks`` registered it (its ``A_scale_inv``/``B_scale_inv`` are these inverses),
+    else ``torch._scaled_mm``."""
+    if a_q.device.type == "hpu" and hasattr(torch.ops.hpu, "fp8_gemm_v2"):
+        return torch.ops.hpu.fp8_gemm_v2(a_q, False, b_q, False, None, _BF16, a_inv, b_inv, bias, False)
     return _torch.scaled_mm(_row(a_q), _col(b_q), a_inv, b_inv, bias=bias, out_dtype=_BF16)
 
 
