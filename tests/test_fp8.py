@@ -76,6 +76,7 @@ def test_hpu_runs_mm_in_fp8_and_softmax_in_bf16():
     ("baddbmm", lambda a, b, c: torch.baddbmm(c[:16, :16].expand(2, 16, 16), a.reshape(2, 16, 64),
                                               b.reshape(2, 32, 32).repeat(1, 2, 1)[:, :, :16])),
     ("matmul", lambda a, b, c: torch.matmul(a.reshape(2, 16, 64), b)),
+    ("matmul", lambda a, b, c: torch.matmul(a.reshape(2, 1, 16, 64), b.reshape(2, 1, 32, 32)[..., :16].repeat(1, 1, 2, 1))),
 ])
 def test_each_gemm_runs_in_fp8_near_float32(name, fn):
     torch.manual_seed(2)

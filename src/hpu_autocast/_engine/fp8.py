@@ -173,7 +173,9 @@ def _matmul(h, self, other):
     if other.dim() == 2:
         out = _matmul2d(self.reshape(-1, self.shape[-1]), other, None, h)
         return out.reshape(*self.shape[:-1], other.shape[-1])
-    return _bmm(h, self, other)
+    batch = self.shape[:-2]  # N-D by N-D of one batch shape (attention's scores): one bmm
+    out = _bmm(h, self.reshape(-1, *self.shape[-2:]), other.reshape(-1, *other.shape[-2:]))
+    return out.reshape(*batch, *out.shape[-2:])
 
 
 def _sides(dims) -> Optional[str]:
@@ -207,9 +209,10 @@ def _shape_baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 def _shape_matmul(self, other):
     if self.dim() >= 2 and other.dim() == 2:
         return _sides((self.numel() // max(self.shape[-1], 1), self.shape[-1], other.shape[1]))
-    if self.dim() == 3 and other.dim() == 3 and self.shape[0] == other.shape[0]:
-        return _shape_bmm(self, other)
-    return f"matmul of {self.dim()}-D and {other.dim()}-D operands (2-D products and same-batch 3-D only)"
+    if self.dim() == other.dim() >= 3 and self.shape[:-2] == other.shape[:-2]:
+        return _sides((self.shape[-2], self.shape[-1], other.shape[-1]))
+    return (f"matmul of {self.dim()}-D and {other.dim()}-D operands (N-D by 2-D, and N-D by N-D of one batch "
+            "shape, only)")
 
 
 #: The GEMMs an fp8 region runs in fp8: overload -> (the shape check, the product).
