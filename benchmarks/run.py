@@ -29,7 +29,7 @@ import hpu_autocast
 
 from . import workloads
 from .harness import Figure, Timings, interleave, make_absolute_figure, make_figure
-from .workloads import FULL, SMOKE, Backend, Scale
+from .workloads import FULL, QUICK, SMOKE, Backend, Scale
 
 __all__ = ["Settings", "FIGURES", "TARGETS", "WORKLOADS", "settings_for", "run_benchmarks", "write_results", "main"]
 
@@ -53,6 +53,8 @@ FIGURES = (
     ("step.cnn", "small CNN step / native", "step.cnn", "ours", "native"),
     ("step.mlp", "24-layer tiny MLP step / native", "step.mlp", "ours", "native"),
     ("compiled.transformer", "compiled transformer step / native", "compiled.transformer", "ours", "native"),
+    ("fp8.linear", "{fp8_width}-wide linear fwd+bwd, fp8 / bf16 region", "fp8.linear", "fp8", "bf16"),
+    ("fp8.transformer", "transformer step, fp8 / bf16 region", "fp8.transformer", "fp8", "bf16"),
 )
 
 # The targets, stated for CPU; other devices are reported, not judged. All are ratios
@@ -68,7 +70,8 @@ TARGETS: Dict[str, Dict[str, float]] = {
 #: eager workloads before them (docs/performance.md, "Order").
 WORKLOADS = ("op.passthrough", "op.cast", "fwd.mlp", "loop.linear", "loop.linear-grad", "loop.mm",
              "step.transformer", "step.cnn", "step.mlp",
-             "compiled.transformer", "region", "op.passthrough-after-hpu", "first.region")
+             "compiled.transformer", "fp8.linear", "fp8.transformer", "region", "op.passthrough-after-hpu",
+             "first.region")
 
 
 @dataclass(frozen=True)
@@ -103,19 +106,21 @@ def settings_for(mode: str, rounds: Optional[int] = None, only: Optional[Sequenc
         iters = {"op.passthrough": 2000, "op.cast": 1000, "fwd.mlp": 20, "loop.linear": 20, "loop.linear-grad": 10,
                  "loop.mm": 50, "region": 1000, "step.transformer": 1,
                  "step.cnn": 10, "step.mlp": 10, "compiled.transformer": 5, "first.region": 3,
-                 "op.passthrough-after-hpu": 2000}
-        return Settings(rounds or 15, 1, iters, FULL, mode, keep, {"step.transformer": 7})
+                 "op.passthrough-after-hpu": 2000, "fp8.linear": 1, "fp8.transformer": 1}
+        return Settings(rounds or 15, 1, iters, FULL, mode, keep, {"step.transformer": 7, "fp8.linear": 3,
+                                                                   "fp8.transformer": 3})
     if mode == "quick":
         iters = {"op.passthrough": 500, "op.cast": 300, "fwd.mlp": 5, "loop.linear": 5, "loop.linear-grad": 3,
                  "loop.mm": 15, "region": 300, "step.transformer": 1,
                  "step.cnn": 4, "step.mlp": 5, "compiled.transformer": 2, "first.region": 1,
-                 "op.passthrough-after-hpu": 500}
-        return Settings(rounds or 7, 1, iters, FULL, mode, keep, {"step.transformer": 3})
+                 "op.passthrough-after-hpu": 500, "fp8.linear": 1, "fp8.transformer": 1}
+        return Settings(rounds or 7, 1, iters, QUICK, mode, keep, {"step.transformer": 3, "fp8.linear": 2,
+                                                                   "fp8.transformer": 2})
     if mode == "smoke":
         iters = {"op.passthrough": 20, "op.cast": 20, "fwd.mlp": 1, "loop.linear": 1, "loop.linear-grad": 1,
                  "loop.mm": 2, "region": 20, "step.transformer": 1,
                  "step.cnn": 1, "step.mlp": 1, "compiled.transformer": 1, "first.region": 1,
-                 "op.passthrough-after-hpu": 20}
+                 "op.passthrough-after-hpu": 20, "fp8.linear": 1, "fp8.transformer": 1}
         return Settings(rounds or 2, 1, iters, SMOKE, mode, keep)
     raise ValueError(f"unknown mode {mode!r}")
 
@@ -124,6 +129,8 @@ def _variants(workload: str, backend: Backend, dtype: torch.dtype, settings: Set
     if workload == "op.passthrough-after-hpu":
         return workloads.passthrough_after_hpu_variants(backend, dtype, settings.scale)
     kind, name = workload.split(".", 1) if "." in workload else (workload, "")
+    if kind == "fp8":
+        return workloads.fp8_variants(name, backend, settings.scale)
     if kind == "op":
         return workloads.op_variants(name, backend, dtype, settings.scale)
     if kind == "fwd":
@@ -204,7 +211,7 @@ def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype =
     targets = TARGETS.get(backend.name, {})
     figures: List[Figure] = []
     for fid, label, wl, ours, ref in FIGURES:
-        label = label.format(policy=backend.policy)
+        label = label.format(policy=backend.policy, fp8_width=settings.scale.fp8_width)
         if wl == "first.region" and first is not None:
             figures.append(make_absolute_figure(fid, label, wl, first["ours"]["s"], first["native"]["s"],
                                                 first["ours"]["runs_s"], targets.get(fid)))
@@ -279,7 +286,8 @@ def format_table(results: Dict[str, object]) -> str:
         lines.append(f"  first region: ours {first['ours']['s']:.3f} s, native {first['native']['s']:.3f} s "
                      f"(median of {len(first['ours']['runs_s'])} processes); torch._dynamo imported by it: "
                      f"{'yes' if first['ours']['dynamo_imported'] else 'no'}")
-    columns = [v for v in workloads.VARIANTS if any(v in med for med in results["medians_ms"].values())]
+    columns = [v for v in workloads.VARIANTS + workloads.FP8_VARIANTS
+               if any(v in med for med in results["medians_ms"].values())]
     lines += ["", f"{'median per iteration':<26}" + "".join(f"{v:>12}" for v in columns)]
     for wl, med in results["medians_ms"].items():
         lines.append(f"{wl:<26}" + "".join(f"{_fmt_ms(med[v]) if v in med else '-':>12}" for v in columns))

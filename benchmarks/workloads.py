@@ -14,7 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, ContextManager, Dict, List, Optional
 
 import torch
@@ -179,13 +179,17 @@ class Scale:
     loop_batch: int = 4
     loop_mm: int = 8
     loop_mm_calls: int = 16
+    fp8_width: int = 4096
+    fp8_batch: int = 256
 
 
 FULL = Scale()
 SMOKE = Scale(op_size=8, fwd_width=8, fwd_depth=3, fwd_batch=4, compiled_d_model=16, compiled_nhead=2,
               compiled_layers=1, compiled_seq=8, compiled_batch=2, d_model=16, nhead=2, layers=1, seq=8, batch=2,
               image=8, mlp_width=8, mlp_depth=3, mlp_batch=4, loop_width=8, loop_depth=3, loop_batch=4, loop_mm=8,
-              loop_mm_calls=4)
+              loop_mm_calls=4, fp8_width=32, fp8_batch=16)
+#: ``--quick``: the full figures' workloads, but the fp8 linear 1024 wide (4096 takes seconds a call on a CPU).
+QUICK = replace(FULL, fp8_width=1024, fp8_batch=64)
 
 
 # -- per-op workloads -----------------------------------------------------------------------
@@ -401,6 +405,38 @@ def step_variants(model_name: str, backend: Backend, dtype: torch.dtype, scale: 
         return run
 
     return {name: runner(region) for name, region in _regions(backend, dtype).items()}
+
+
+# -- fp8 against bf16 (issue 32) ---------------------------------------------------------------
+FP8_VARIANTS = ("fp8", "bf16")
+
+
+def fp8_variants(name: str, backend: Backend, scale: Scale) -> Dict[str, Runner]:
+    """One training step per iteration under the ``hpu`` policy, in an fp8 region and in a
+    bfloat16 one: ``linear``, a ``fp8_width``-wide ``nn.Linear`` forward and backward; ``transformer``,
+    the transformer step. On a CPU this checks that fp8 runs (``torch._scaled_mm`` is emulated
+    there: no speed claim); on a GPU or Gaudi the ratio is fp8's speed-up."""
+    if name == "linear":
+        model = nn.Linear(scale.fp8_width, scale.fp8_width).to(backend.device)
+        x = torch.randn(scale.fp8_batch, scale.fp8_width, device=backend.device)
+        loss_fn = lambda out: out.float().pow(2).mean()  # noqa: E731
+    else:
+        model, x, loss_fn = MODELS[name](scale, backend.device)
+    model.train()
+    params = list(model.parameters())
+
+    def runner(dtype: torch.dtype) -> Runner:
+        def run(iters: int) -> None:
+            for _ in range(iters):
+                with HpuAutocastMode(dtype, policy="hpu", device_type=backend.device.type):
+                    loss = loss_fn(model(x))
+                loss.backward()
+                for p in params:
+                    p.grad = None
+                backend.end_step()
+        return run
+
+    return {"fp8": runner(torch.float8_e4m3fn), "bf16": runner(torch.bfloat16)}
 
 
 # -- a compiled training step -----------------------------------------------------------------

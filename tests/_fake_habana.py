@@ -44,6 +44,9 @@ Importing the bridge also registers, once per process (a loaded backend stays lo
   ``torch.set_autocast_enabled("hpu", True)``) turns them on, as on Gaudi. A registration that
   fails (another library holds the key's fallback) raises at ``install``, as the bridge's import
   would;
+* ``hpu::fp8_gemm_v2`` (``hpu_ops/fp8_ops.cpp``'s schema), the bridge's fp8 GEMM that fp8 regions
+  run on HPU tensors: a meta kernel for fake HPU tensors and a CPU one, each call recorded as
+  ``("fp8_gemm_v2", A dtype, B dtype, out_dtype)``;
 * ``torch.compile``'s ``hpu_backend`` (``dynamo/compile_backend/backends.py``): AOTAutograd with
   compilers for the forward, backward and inference graphs that run the bridge's tensor-info
   propagation (``passes.py``: the graph on fake tensors with ``torch.autocast`` off for ``hpu``
@@ -287,6 +290,43 @@ def fake_hpu(t: torch.Tensor) -> torch.Tensor:
     return FakeTensor(_fake_mode, t.detach().to("meta"), torch.device("hpu:0"))
 
 
+_fp8_gemm: Optional[Library] = None
+
+
+def _register_fp8_gemm() -> None:
+    """``hpu::fp8_gemm_v2`` (``hpu_ops/fp8_ops.cpp``'s schema): ``op(A) @ op(B)`` of two fp8
+    matrices times their inverse scales, in ``out_dtype`` (+ bias), ``op`` a transpose where
+    ``trans_*``. Each call is recorded as ``("fp8_gemm_v2", A dtype, B dtype, out_dtype)``. Meta
+    kernel: fake HPU tensors. CPU kernel: the product on dequantized float32 operands."""
+    global _fp8_gemm
+    if _fp8_gemm is not None:
+        return
+    lib = Library("hpu", "DEF")
+    lib.define("fp8_gemm_v2(Tensor A, bool trans_A, Tensor B, bool trans_B, Tensor? D, ScalarType out_dtype, "
+               "Tensor? A_scale_inv=None, Tensor? B_scale_inv=None, Tensor? bias=None, bool accumulate=False) "
+               "-> Tensor")
+
+    def operands(A, trans_A, B, trans_B):
+        return (A.t() if trans_A else A), (B.t() if trans_B else B)
+
+    def meta(A, trans_A, B, trans_B, D, out_dtype, A_scale_inv=None, B_scale_inv=None, bias=None, accumulate=False):
+        a, b = operands(A, trans_A, B, trans_B)
+        if _active is not None:
+            _active.calls.append(("fp8_gemm_v2", A.dtype, B.dtype, out_dtype))
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+    def cpu(A, trans_A, B, trans_B, D, out_dtype, A_scale_inv=None, B_scale_inv=None, bias=None, accumulate=False):
+        a, b = operands(A.float(), trans_A, B.float(), trans_B)
+        out = (a * (1 if A_scale_inv is None else A_scale_inv)) @ (b * (1 if B_scale_inv is None else B_scale_inv))
+        if _active is not None:
+            _active.calls.append(("fp8_gemm_v2", A.dtype, B.dtype, out_dtype))
+        return (out if bias is None else out + bias.float()).to(out_dtype)
+
+    lib.impl("fp8_gemm_v2", meta, "Meta")
+    lib.impl("fp8_gemm_v2", cpu, "CPU")
+    _fp8_gemm = lib
+
+
 def _register_hpu_factories() -> None:
     """What a composite's insides ask of the HPU backend with no tensor to dispatch on (batch
     norm's ``empty``, SDPA's backend choice): fake HPU tensors, and the math SDPA. On a CPU
@@ -403,6 +443,7 @@ def install(monkeypatch, *, available: bool = True, lazy: bool = True,
     bridge.device_name = device_name
     _register_autocast_hpu()
     _register_hpu_backend()
+    _register_fp8_gemm()
     monkeypatch.setattr(sys.modules[__name__], "_active", bridge)
 
     root, ht = _module("habana_frameworks"), _module("habana_frameworks.torch")

@@ -38,7 +38,8 @@ def test_json_structure(smoke_results):
         fresh = {"ours", "native", "plain"}
         expected = {"region": floors | {"ours-hpu"}, "compiled.transformer": {"ours", "native"},
                     "op.passthrough-after-hpu": {"ours", "native"}, "loop.linear": fresh,
-                    "loop.linear-grad": fresh, "loop.mm": fresh}.get(workload, floors)
+                    "loop.linear-grad": fresh, "loop.mm": fresh,
+                    "fp8.linear": {"fp8", "bf16"}, "fp8.transformer": {"fp8", "bf16"}}.get(workload, floors)
         assert set(variants) == expected, workload
         assert all(math.isfinite(v) and v > 0 for v in variants.values())
 

@@ -324,6 +324,7 @@ def test_every_field_of_a_policy_tells_its_compiled_key_apart():
 
     from hpu_autocast import CastPolicy, Policy
     from hpu_autocast.policies._table import compile_policy
+    from hpu_autocast.policies.recipes import Delayed
 
     variants = {
         "name": "other",
@@ -338,6 +339,8 @@ def test_every_field_of_a_policy_tells_its_compiled_key_apart():
         "native": "AutocastCPU",
         "c_names_only": True,
         "explicit_dtype": "cast",
+        "fp8": Delayed(history=4),
+        "bf16_gemms": frozenset({_MM}),
     }
     # A field added to Policy must be added here (and is covered by the key without more work);
     # the build record is no part of the value (test_policy.py: it changes neither equality nor key).

@@ -18,6 +18,7 @@ from .policies.builder import as_policy as _as_policy
 from .events import Event
 from .log import combine_observers, make_log_observer
 from .policies.policy import Policy
+from .policies.recipes import is_fp8
 from .report import Recorder
 
 __all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "record", "default_device_type"]
@@ -156,7 +157,7 @@ class HpuAutocastMode:
         observer = self.observer
         if self.verbose or self.record:
             if self.record:
-                self._recorder = Recorder(self.policy_name, self.dtype)
+                self._recorder = Recorder(self.policy_name, self.dtype, self._recipe())
             observer = combine_observers(observer, make_log_observer() if self.verbose else None, self._recorder)
         compiled = compile_policy(self.policy) if self.enabled else None
         device = self.device_type or _outer_device()
@@ -223,6 +224,10 @@ class HpuAutocastMode:
         def generator(*args, **kwargs):
             return (yield from _steps(self._clone(), fn(*args, **kwargs)))
         return generator
+
+    def _recipe(self):
+        """The scaling recipe a report shows beside the dtype: the policy's, in an fp8 region."""
+        return self.policy.fp8 if is_fp8(self.dtype) else None
 
     def _settings(self) -> dict:
         """The keyword arguments that make a mode like this one (``dtype`` aside)."""
@@ -297,7 +302,7 @@ def record(dtype: torch.dtype = torch.bfloat16, **mode_kwargs) -> Iterator[Recor
     """Run the body under ``HpuAutocastMode(dtype, **mode_kwargs)`` with a fresh ``Recorder``
     (chained with any ``observer=`` given) and yield it; call ``.report()`` afterwards."""
     mode = HpuAutocastMode(dtype, **mode_kwargs)
-    rec = Recorder(mode.policy_name, mode.dtype)
+    rec = Recorder(mode.policy_name, mode.dtype, mode._recipe())
     mode.observer = combine_observers(rec, mode.observer)
     with mode:
         yield rec

@@ -135,10 +135,11 @@ class Recorder:
     Cheap: a dictionary update per event, and a shapes-only rerun for matmul/conv-like calls
     (see the note at the top of this module)."""
 
-    def __init__(self, policy: Optional[str] = None, dtype: Optional[torch.dtype] = None) -> None:
+    def __init__(self, policy: Optional[str] = None, dtype: Optional[torch.dtype] = None, recipe=None) -> None:
         self.rows: Dict[tuple, Row] = {}
         self.policy = policy
         self.dtype = dtype
+        self.recipe = recipe  # an fp8 region's scaling recipe (Policy.fp8), shown beside its dtype
         self._warnings: Dict[tuple, list] = {}   # key -> [message, count, {op: None}]
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
@@ -164,6 +165,9 @@ class Recorder:
                 row.flops = (row.flops or 0) + f
             else:
                 self._warn(("flops", name), f"{name}: FLOPs unknown (no meta kernel); not counted")
+        if event.reason and event.reason.startswith("fp8 fallback"):  # _fp8.route: a GEMM in bf16
+            self._warn(("fp8", name, event.reason), f"{name} ran in {short_dtype(event.compute)}, not fp8: "
+                       f"{event.reason[len('fp8 fallback: '):]}")
         self._check(event, action)
 
     def _flops_of(self, op, args, kwargs, compute: Optional[torch.dtype]) -> Optional[int]:
@@ -228,7 +232,10 @@ class Recorder:
                 warnings.append(m.format(n=n, ops=", ".join(ops)))
             else:
                 warnings.append(m if n == 1 else f"{m} ({n} calls)")
-        return PrecisionReport(rows, warnings, self.policy, short_dtype(self.dtype) if self.dtype else None)
+        dtype = short_dtype(self.dtype) if self.dtype else None
+        if dtype and self.recipe is not None:
+            dtype = f"{dtype} ({self.recipe})"
+        return PrecisionReport(rows, warnings, self.policy, dtype)
 
 
 def _tensors(args: tuple, kwargs: dict):
@@ -290,12 +297,12 @@ class PrecisionReport:
 
     @property
     def lower_flop_share(self) -> Optional[float]:
-        """The share of matmul/conv FLOPs that ran in bfloat16 or float16 (``None``: no FLOPs)."""
+        """The share of matmul/conv FLOPs that ran in bfloat16, float16 or fp8 (``None``: no FLOPs)."""
         by = self.flops_by_dtype
         total = sum(by.values())
         if not total:
             return None
-        return sum(v for k, v in by.items() if k in ("bf16", "f16")) / total
+        return sum(v for k, v in by.items() if k in ("bf16", "f16", "f8e4m3")) / total
 
     def by_op(self) -> Dict[str, dict]:
         """Per op overload: calls, and calls by action and by dtype signature."""

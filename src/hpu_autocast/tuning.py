@@ -46,6 +46,7 @@ import json
 import logging
 import math
 import os
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -59,6 +60,7 @@ from .events import short_dtype
 from .policies.names import PolicyError, resolve
 from .numerics import compare_outputs
 from .policies.policy import CastPolicy, Policy
+from .policies.recipes import is_fp8
 from .mode import HpuAutocastMode
 from .report import Recorder, _table
 
@@ -104,10 +106,10 @@ def _unit_name(op: OpOverload) -> str:
 def _units(report, dtype: torch.dtype) -> List[_Unit]:
     """The units of a start run's ``PrecisionReport``, in order of first call: every functional
     op that computed in ``dtype`` by the policy's decision or by its inputs (not listed)."""
-    low = short_dtype(dtype)
+    low = {short_dtype(dtype), "bf16"} if is_fp8(dtype) else {short_dtype(dtype)}  # fp8: its other ops in bf16
     found: Dict[str, list] = {}
     for row in report.rows:
-        if row.compute != low or row.action.startswith("ineligible") or row.action == "native":
+        if row.compute not in low or row.action.startswith("ineligible") or row.action == "native":
             continue
         op = _ops.overload_named(row.op)
         if op is None or not _ops.is_functional(op) or _ops.op_base_name(op) in _NEVER_MOVED:
@@ -390,8 +392,12 @@ class TuneResult:
 
     def __init__(self, *, policy: Policy, start: Policy, dtype: torch.dtype, tolerance: float, error: float,
                  start_error: float, moved: Tuple[str, ...], rows: Tuple[TuneRow, ...], lower: Tuple[str, ...],
-                 fp32: Tuple[str, ...], runs: int, max_runs: int, exhausted: bool, flops: Tuple[int, int]) -> None:
+                 fp32: Tuple[str, ...], runs: int, max_runs: int, exhausted: bool, flops: Tuple[int, int],
+                 bf16_gemms: Tuple[str, ...] = ()) -> None:
         self.policy = policy
+        #: In an fp8 region, the GEMMs moved from fp8 to bfloat16 (``Policy.bf16_gemms``) before the
+        #: float32 search.
+        self.bf16_gemms = bf16_gemms
         self.start = start
         self.dtype = dtype
         self.tolerance = tolerance
@@ -529,7 +535,8 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     ``dtype`` while ``fn(*inputs)`` stays within ``tolerance`` of its float32 run.
 
     Ops move only to float32 (the policy's FP32 list), the matmul/conv ops last, as few as the
-    search can (Note: the search in this module). ``metric(reference, outputs) -> float``
+    search can (Note: the search in this module); in an fp8 region, GEMMs move from fp8 to
+    bfloat16 first (``_fp8_stage``). ``metric(reference, outputs) -> float``
     (smaller is better) compares the float32 outputs with a candidate's; ``None`` means the
     largest normwise relative error over the floating outputs (``compare_outputs``), infinite
     when an inf or nan appears that float32 does not have. ``fn`` runs up to ``max_runs`` times
@@ -548,27 +555,22 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     runner = _Runner(fn, inputs, dtype, device_type, metric, max_runs, progress)
     low = short_dtype(dtype)
 
-    runner.ref = _reference(runner, metric)
-    noise = runner.error(runner.call(None))
-    runner.say(f"run {runner.runs}/{max_runs}: float32 reference, run twice (difference {noise:.1e})")
-    if noise > tolerance:
-        raise ValueError(f"tune: two float32 runs of fn differ by {noise:.3e}, more than the tolerance "
-                         f"{tolerance:.1e}: fn must give the same result each run (model.eval(), no "
-                         f"optimizer step, no state kept between calls)")
+    _check_noise(runner, metric, tolerance)
     recorder = Recorder(start.name, dtype)
     start_error = runner.error(runner.call(start, observer=recorder))
     runner.say(f"run {runner.runs}/{max_runs}: start ({start.name}) -> error {start_error:.3e}")
     units = _units(recorder.report(), dtype)
-    lists = _Lists(start)
+
+    def say(line: str) -> None:
+        runner.say(f"run {runner.runs}/{max_runs}: {line}")
+    begin, begin_error, bf16_gemms = _fp8_stage(runner, start, recorder.report(), tolerance, start_error, say)
+    lists = _Lists(begin)
 
     def error(moved: Moved) -> float:
         return runner.error(runner.call(lists.policy(moved)))
 
-    def say(line: str) -> None:
-        runner.say(f"run {runner.runs}/{max_runs}: {line}")
-
     search = _Search(units, error, tolerance, lambda: max_runs - runner.runs, say)
-    moved = search.run(start_error)
+    moved = search.run(begin_error)
     names = sorted(moved, key=[u.name for u in units].index)
     rows = tuple(TuneRow(u.name, u.ran_as, u.calls, u.flops, search.alone_moved.get(u.name),
                          search.alone_lower.get(u.name), u.name in moved, _why(search, u, moved, low)) for u in units)
@@ -578,4 +580,44 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     return TuneResult(policy=lists.policy(moved), start=start, dtype=dtype, tolerance=tolerance,
                       error=search.errors[moved], start_error=start_error, moved=tuple(names), rows=rows,
                       lower=tuple(lower), fp32=tuple(fp32), runs=runner.runs, max_runs=max_runs,
-                      exhausted=search.exhausted, flops=(kept, total))
+                      exhausted=search.exhausted, flops=(kept, total), bf16_gemms=bf16_gemms)
+
+
+def _check_noise(runner: _Runner, metric: Optional[Callable], tolerance: float) -> None:
+    """Run the float32 reference twice; ``ValueError`` where the two differ beyond ``tolerance``."""
+    runner.ref = _reference(runner, metric)
+    noise = runner.error(runner.call(None))
+    runner.say(f"run {runner.runs}/{runner.max_runs}: float32 reference, run twice (difference {noise:.1e})")
+    if noise > tolerance:
+        raise ValueError(f"tune: two float32 runs of fn differ by {noise:.3e}, more than the tolerance "
+                         f"{tolerance:.1e}: fn must give the same result each run (model.eval(), no "
+                         f"optimizer step, no state kept between calls)")
+
+
+def _fp8_stage(runner: _Runner, start: Policy, report, tolerance: float, start_error: float,
+               say: Callable[[str], None]) -> Tuple[Policy, float, Tuple[str, ...]]:
+    """In an fp8 region, tune's first step (issue 32): GEMMs that ran in fp8 move to bfloat16
+    (``Policy.bf16_gemms``) before anything moves to float32. Each is measured alone in bfloat16,
+    then the shortest prefix of them, most helpful first, that meets the tolerance is taken; where
+    none does, all of them, and the float32 search goes on from that policy. Returns the policy
+    the search starts from, its error and the GEMMs moved."""
+    names = sorted({_unit_name(_ops.overload_named(r.op)) for r in report.rows if r.compute == "f8e4m3"})
+    if start_error <= tolerance or not names:
+        return start, start_error, ()
+
+    def with_bf16(moved) -> Policy:
+        ops = frozenset(op for n in moved for op in _applied(n, start))
+        return dataclasses.replace(start, name=f"{start.name}+bf16-gemms", bf16_gemms=start.bf16_gemms | ops)
+
+    try:
+        alone = {n: runner.error(runner.call(with_bf16([n]))) for n in names}
+        order = sorted(names, key=lambda n: (alone[n], n))
+        for i in range(1, len(order) + 1):
+            policy = with_bf16(order[:i])
+            error = alone[order[0]] if i == 1 else runner.error(runner.call(policy))
+            say(f"fp8 -> bf16: {', '.join(order[:i])} -> error {error:.3e}")
+            if error <= tolerance:
+                break
+    except _OutOfRuns:
+        return start, start_error, ()
+    return policy, error, tuple(order[:i])

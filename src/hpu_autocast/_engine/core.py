@@ -29,6 +29,7 @@ import torch
 from . import core_build as _core_build
 from ..policies import _ops
 from ..policies._devices import native_autocast_keys
+from ..policies.recipes import is_fp8
 
 __all__ = ["core", "ENGINE", "REASON", "new_cache", "region_for", "set_frame", "register"]
 
@@ -112,9 +113,9 @@ def _kind(compiled, device_type: str, keys):
 
 def region_for(region, keys) -> Optional[object]:
     """The core's state for ``region`` (a ``_regions.Region`` just entered, on the borrowed
-    ``keys``), or ``None`` where the Python kernels decide its calls: no core, or a region that
-    observes (events are Python's)."""
-    if core is None or region.observer is not None or region.observes:
+    ``keys``), or ``None`` where the Python kernels decide its calls: no core, a region that
+    observes (events are Python's), or an fp8 region (its GEMMs are ``_fp8``'s: Note: fp8 regions)."""
+    if core is None or region.observer is not None or region.observes or is_fp8(region.dtype):
         return None
     return _kind(region.compiled, region.device_type, keys).open(region.cache)
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 
-from . import dispatch as _dispatch
+from . import dispatch as _dispatch, fp8 as _fp8
 from .. import _torch
 from .._torch import OpOverload, compile_guard as _compile_guard
 from ..policies import _ops
@@ -34,6 +34,7 @@ from .regions import Frame, _get_frame, innermost
 from ..policies._table import OpRule
 from ..events import Event, Level, Outcome, first_floating, input_dtypes
 from ..policies.policy import CastPolicy
+from ..policies.recipes import is_fp8
 from ..policies.rules import compute_dtype, has_explicit_dtype
 
 __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
@@ -43,6 +44,9 @@ _Tensor = torch.Tensor
 _is_excluded = _torch.is_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
 _cache_on = _torch.autocast_cache_enabled
+_native_get_dtype = _torch.native_autocast_dtype
+_native_set_dtype = _torch.set_native_autocast_dtype
+_NATIVE_AUTOCAST = native_autocast_keys()
 
 
 def keys() -> _dispatch.Keys:
@@ -137,9 +141,6 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
     return _pass_on(op, args, kwargs, all_key)
 
 
-_NATIVE_AUTOCAST = native_autocast_keys()
-
-
 def _pass_on(op: OpOverload, args: tuple, kwargs: dict, *keys) -> object:
     """Run ``op`` as if ``keys`` had no kernel for it (as a fallthrough would).
 
@@ -174,13 +175,14 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 class _Call:
     """One call under a rule, as a cast policy's function sees it: it may change ``op`` (the
     overload called), ``args`` and ``kwargs`` (the dtype arguments); ``given`` keeps the user's
-    overload, arguments and keyword arguments."""
+    overload, arguments and keyword arguments; ``compute`` and ``reason``, what the event says the
+    call computed in and why, where the function knows better than the output (an fp8 GEMM)."""
 
-    __slots__ = ("frame", "rule", "op", "args", "kwargs", "given")
+    __slots__ = ("frame", "rule", "op", "args", "kwargs", "given", "compute", "reason")
 
     def __init__(self, frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> None:
         self.frame, self.rule, self.op, self.args, self.kwargs = frame, rule, op, args, kwargs
-        self.given = (op, args, kwargs)
+        self.given, self.compute, self.reason = (op, args, kwargs), None, None
 
     def first_eligible(self) -> bool:
         """ATen's ``firstarg_is_eligible``: the first argument is a tensor the region may cast."""
@@ -202,8 +204,9 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
 
 
 def _lower(call: _Call) -> torch.dtype:
-    """LOWER: every eligible input cast to the region's dtype."""
-    return call.frame.dtype
+    """LOWER: every eligible input cast to the region's dtype; in an fp8 region, to bfloat16, and a
+    GEMM runs as a scaled fp8 product where it can (``_fp8.route``; its Note: fp8 regions)."""
+    return _fp8.route(call) if is_fp8(call.frame.dtype) else call.frame.lower
 
 
 def _fp32(call: _Call) -> torch.dtype:
@@ -250,7 +253,7 @@ def _decided(action: CastPolicy, call: _Call) -> Optional[torch.dtype]:
     protected = rule.protected if action is not CastPolicy.FIRST else ()
     dtypes = [t.dtype for i, _, t in _inputs(rule, call.args, call.kwargs, _input_only(rule, region))
               if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)]
-    return compute_dtype(action, dtypes, call.frame.dtype, rule.name) if dtypes else None
+    return compute_dtype(action, dtypes, call.frame.lower, rule.name) if dtypes else None
 
 
 #: Each cast policy's function (Note: the rule, per cast policy).
@@ -284,7 +287,7 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     cast = CAST.get(target)
     if cast is None:
         cast = functools.partial(_Tensor.to, dtype=target)
-    lower = target is call.frame.dtype
+    lower = target is call.frame.lower
     args, kwargs, eligible = list(call.args), call.kwargs, 0
     # Note [the order of casts]: native casts an op's arguments last to first (they are the
     # arguments of one C++ call, which GCC, torch's Linux compiler, evaluates right to left), so
@@ -404,8 +407,8 @@ def _event(call: _Call, op: OpOverload, level: Level, target: Optional[torch.dty
     if eligible:
         # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
         # promoted the result beyond it.
-        return Event(op, level, Outcome.CAST, rule.action, rule.default, None, input_dtypes(args, kwargs),
-                     first_floating(out) or target, tuple(casts), args, kwargs)
+        return Event(op, level, Outcome.CAST, rule.action, rule.default, call.reason, input_dtypes(args, kwargs),
+                     call.compute or first_floating(out) or target, tuple(casts), args, kwargs)
     # every floating input on the device is float64
     return Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, "float64",
                  input_dtypes(args, kwargs), first_floating(out), (), args, kwargs)
@@ -428,10 +431,6 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
         _notify(observer, Event(op, level, Outcome.NATIVE, None, None, None, input_dtypes(args, kwargs),
                                 first_floating(out), (), args, kwargs))
     return out
-
-
-_native_get_dtype = _torch.native_autocast_dtype
-_native_set_dtype = _torch.set_native_autocast_dtype
 
 
 def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,

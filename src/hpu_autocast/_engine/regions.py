@@ -27,6 +27,7 @@ import torch
 from . import dispatch as _dispatch
 from .. import _torch
 from ..policies._devices import NATIVE_AUTOCAST_HERE
+from ..policies.recipes import cast_dtype
 from ..policies.rules import eligibility
 from ..policies._table import CompiledPolicy, OpRule
 from ..events import Event
@@ -80,13 +81,14 @@ class Region:
 class Frame:
     """The casting state of one context (immutable: replaced, never changed)."""
 
-    __slots__ = ("region", "parent", "enabled", "dtype", "rules")
+    __slots__ = ("region", "parent", "enabled", "dtype", "lower", "rules")
 
     def __init__(self, region: Region, parent: Optional["Frame"], enabled: bool, dtype: torch.dtype) -> None:
         self.region = region
         self.parent = parent
         self.enabled = enabled
         self.dtype = dtype
+        self.lower = cast_dtype(dtype)  # what its casts go to (bfloat16 in an fp8 region)
         self.rules = region.rules if enabled else _EMPTY
 
     def __repr__(self) -> str:

@@ -40,6 +40,8 @@ name (``torch._C.``)                        use; fallback
 ``torch._ops._higher_order_ops``            every higher-order operator made (``_engine.hops``);
                                             missing: none covered
 ``torch._ops._compute_keyset``              a higher-order operator's key set; missing: ``None``
+``torch._scaled_mm``                        fp8 regions' GEMMs (``scaled_mm``; checked on 2.13.0,
+                                            CPU); missing: ``scaled_mm`` raises, naming the torch
 ==========================================  ==================================================
 
 Public in use, but under private paths (present on 2.4.1, 2.13.0 and 2.14.1; required, no
@@ -98,7 +100,7 @@ __all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset
            "OptionalType", "ListType", "TensorBase", "c_function_namespace", "native_autocast_enabled", "set_native_autocast_enabled",
            "native_autocast_dtype", "set_native_autocast_dtype", "autocast_cache_enabled",
            "set_autocast_cache_enabled", "increment_autocast_nesting", "decrement_autocast_nesting",
-           "clear_native_autocast_cache", "wrap_autograd", "unwrap_autograd"]
+           "clear_native_autocast_cache", "wrap_autograd", "unwrap_autograd", "scaled_mm", "HAS_SCALED_MM"]
 
 _C = torch._C
 
@@ -116,6 +118,21 @@ def c_function_namespace(name: str) -> object:
     ...), or ``None`` where this torch has none."""
     return getattr(_C, name, None)
 TO_COPY = torch.ops.aten._to_copy.default
+
+# -- the fp8 GEMM (_engine/fp8.py) ----------------------------------------------------------------
+_scaled_mm = getattr(torch, "_scaled_mm", None)
+#: Whether this torch has ``torch._scaled_mm`` (fp8 regions need it).
+HAS_SCALED_MM = _scaled_mm is not None
+
+
+def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
+    """``torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)``: the product of
+    two fp8 matrices (``a`` row-major, ``b`` column-major) times their float32 dequantization
+    scales; ``RuntimeError`` naming the torch version where torch has none."""
+    if _scaled_mm is None:
+        raise RuntimeError(f"fp8 regions need torch._scaled_mm, which torch {torch.__version__} lacks; "
+                           "accepted: a torch that has it (2.4 or later), or a bfloat16 region")
+    return _scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
 
 # -- torch's own autocast state, as its C functions (the Python ones answer for a region) --------
 native_autocast_enabled = _C.is_autocast_enabled

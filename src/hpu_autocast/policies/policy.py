@@ -17,6 +17,7 @@ import torch
 
 from .._torch import OpOverload
 from . import _ops
+from .recipes import FP8_DTYPES, Delayed, Recipe, Tensorwise
 
 __all__ = ["CastPolicy", "Policy", "BuildRecord", "EXPLICIT_DTYPE"]
 
@@ -181,6 +182,13 @@ class Policy:
     #: What a call passing a ``torch.dtype`` to a LOWER, FP32, PROMOTE or FIRST op gets:
     #: ``"leave"`` (runs unchanged) or ``"cast"`` (cast as any other call); see ``EXPLICIT_DTYPE``.
     explicit_dtype: str = "leave"
+    #: How a region of an fp8 dtype (``recipes.FP8_DTYPES``, when ``dtypes`` has one) scales the
+    #: operands of the GEMMs it runs in fp8: a ``recipes.Tensorwise`` (the default) or
+    #: ``recipes.Delayed``. Part of the value (equality, hash, pickle, the compiled key).
+    fp8: Recipe = Tensorwise()
+    #: GEMMs an fp8 region runs in bfloat16 all the same (``tune`` moves a GEMM here before it moves
+    #: anything to float32); the region's other GEMMs run in fp8. No effect in other regions.
+    bf16_gemms: frozenset = frozenset()
     #: What the build let go of (``BuildRecord``); not part of the value.
     record: BuildRecord = field(default=BuildRecord(), compare=False, repr=False)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
@@ -195,7 +203,7 @@ class Policy:
         banned = {_overload(k, f"Policy {self.name!r}: banned key"): v for k, v in self.banned.items()}
         object.__setattr__(self, "table", MappingProxyType(table))
         object.__setattr__(self, "banned", MappingProxyType(banned))
-        for name in ("input_only", "promoted"):
+        for name in ("input_only", "promoted", "bf16_gemms"):
             ops = frozenset(getattr(self, name))
             for op in ops:
                 _overload(op, f"Policy {self.name!r}: {name}")
@@ -209,10 +217,14 @@ class Policy:
         if self.explicit_dtype not in EXPLICIT_DTYPE:
             raise ValueError(f"Policy {self.name!r}: explicit_dtype = {self.explicit_dtype!r}; accepted: "
                              f"{' or '.join(map(repr, EXPLICIT_DTYPE))}")
+        if not isinstance(self.fp8, (Tensorwise, Delayed)):
+            raise TypeError(f"Policy {self.name!r}: fp8 = {self.fp8!r}; accepted: recipes.Tensorwise() or "
+                            "recipes.Delayed(...)")
         for op, action in table.items():
             _check_kind(op, action, self.name)
         # Once: a region's entry looks the policy up in compile_policy's cache.
-        object.__setattr__(self, "_hash", hash((self.name, tuple(sorted((str(k), v.value) for k, v in table.items())))))
+        object.__setattr__(self, "_hash", hash((self.name, self.fp8, tuple(sorted(map(str, self.bf16_gemms))),
+                                                 tuple(sorted((str(k), v.value) for k, v in table.items())))))
 
     def __hash__(self) -> int:
         return self._hash
@@ -237,6 +249,7 @@ class Policy:
         state["banned"] = {name(op): m for op, m in self.banned.items()}
         state["input_only"] = sorted(map(name, self.input_only))
         state["promoted"] = sorted(map(name, self.promoted))
+        state["bf16_gemms"] = sorted(map(name, self.bf16_gemms))
         return (_from_names, (state,))
 
     def ops(self, action: CastPolicy) -> list:
@@ -247,9 +260,11 @@ class Policy:
         """Raise ``ValueError`` naming ``dtype`` if this policy cannot run in it."""
         if dtype not in self.dtypes:
             accepted = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
+            fp8 = ("; fp8 regions need a policy whose dtypes include it (the hpu preset, or "
+                   "Policy(dtypes=...))" if dtype in FP8_DTYPES else "")
             raise ValueError(
                 f"policy {self.name!r} does not support dtype={str(dtype).replace('torch.', '')}; "
-                f"accepted: {accepted}"
+                f"accepted: {accepted}{fp8}"
             )
 
     def __str__(self) -> str:
@@ -264,4 +279,5 @@ def _from_names(state: dict) -> Policy:
                      "table": {op(k): a for k, a in state["table"].items()},
                      "banned": {op(k): m for k, m in state["banned"].items()},
                      "input_only": frozenset(map(op, state["input_only"])),
-                     "promoted": frozenset(map(op, state["promoted"]))})
+                     "promoted": frozenset(map(op, state["promoted"])),
+                     "bf16_gemms": frozenset(map(op, state.get("bf16_gemms", ())))})

@@ -40,6 +40,7 @@ from .._torch import OpOverload, TorchDispatchMode, keystr, tree_flatten, tree_f
 from .. import mode as _mode
 from ..policies.builder import as_policy
 from ..events import Event, Outcome, short_dtype
+from ..policies.recipes import cast_dtype
 from ..log import combine_observers
 from ..policies.policy import CastPolicy, Policy
 
@@ -271,7 +272,7 @@ class Watch:
     def _expected(self, action: Optional[CastPolicy]) -> Optional[torch.dtype]:
         """The dtype ``action`` gives, where it gives one (``promote`` and ``first`` do not)."""
         if action is CastPolicy.LOWER:
-            return _mode.get_dtype() or self.dtype
+            return cast_dtype(_mode.get_dtype() or self.dtype)  # an fp8 region's outputs are bfloat16
         return _F32 if action is CastPolicy.FP32 else None
 
     def _action(self, op: OpOverload) -> Optional[CastPolicy]:

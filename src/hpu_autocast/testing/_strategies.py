@@ -27,6 +27,7 @@ from ..policies import _ops
 from .. import mode as _mode
 from ..policies.policy import CastPolicy, Policy
 from ..policies.presets import get_preset, preset_names
+from ..policies.recipes import AMAX_COMPUTE, Delayed, Tensorwise, is_fp8
 
 __all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "ELIGIBLE_DTYPES"]
 
@@ -75,7 +76,8 @@ def policies(*, presets: Optional[Iterable[str]] = None, ops: Union[None, str, I
     ``[]`` starts from an empty table only). ``ops``: the overloads changes are drawn from
     (default: every op of those presets; ``"registered"``: every functional ATen overload).
     ``dtype``: only policies that accept it. Each op is on one list at most, by construction,
-    and the result is a ``Policy`` (which validates itself), named for what was drawn.
+    and the result is a ``Policy`` (which validates itself), named for what was drawn. With an
+    fp8 ``dtype``, its scaling recipe is drawn too (``recipes()``).
     """
     dev = _device(device).type
     names = list(presets) if presets is not None else _usable_presets(dev)
@@ -106,10 +108,18 @@ def policies(*, presets: Optional[Iterable[str]] = None, ops: Union[None, str, I
         moved = ",".join(f"{op}={a or 'off'}" for op, a in sorted(changes.items(), key=lambda kv: str(kv[0])))
         return dataclasses.replace(
             base, name=f"{base.name}+{{{moved}}}" if changes else base.name, table=table,
+            fp8=draw(recipes()) if is_fp8(dtype) else base.fp8,
             input_only=frozenset(op for op in base.input_only if op in table),
             banned={op: m for op, m in base.banned.items() if op in table})
 
     return draw_policy()
+
+
+def recipes() -> st.SearchStrategy:
+    """fp8 scaling recipes (``Policy.fp8``): ``Tensorwise()`` or a ``Delayed`` of drawn history
+    length (1..8), margin (0..2) and amax computation."""
+    return st.one_of(st.just(Tensorwise()), st.builds(Delayed, history=st.integers(1, 8), margin=st.integers(0, 2),
+                                                      amax_compute=st.sampled_from(AMAX_COMPUTE)))
 
 
 # --- tensors -------------------------------------------------------------------------------------

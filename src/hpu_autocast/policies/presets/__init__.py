@@ -29,6 +29,10 @@ __all__ = ["PRESETS", "get_preset", "preset_names"]
 #: later run float16: so float16 is accepted here, and refused for a region that casts HPU tensors
 #: on a first-generation Gaudi (the device's rule, _devices.check_dtype; docs/hpu.md).
 GAUDI_DTYPES = (torch.bfloat16, torch.float16)
+#: Gaudi 2/3 multiply fp8: ``hpu`` regions may run their GEMMs in fp8
+#: (``HpuAutocastMode(torch.float8_e4m3fn)``; docs/fp8.md). HMP and the presets that reproduce a
+#: native autocast (which has no fp8) do not; a ``Policy`` of one's own may (``dtypes``).
+FP8_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 def _less(names: List[str], others: List[str]) -> List[str]:
     """``names`` without ``others``: a document's float32 list less the ops torch registers with
@@ -41,7 +45,7 @@ def _less(names: List[str], others: List[str]) -> List[str]:
 PRESETS: Dict[str, Mapping[str, Any]] = {
     "hpu": dict(
         lower=gaudi_autocast.LOWER, fp32=gaudi_autocast.FP32, promote=gaudi_autocast.PROMOTE,
-        input_only=gaudi_autocast.INPUT_ONLY, dtypes=GAUDI_DTYPES, tolerate_missing=True,
+        input_only=gaudi_autocast.INPUT_ONLY, dtypes=FP8_DTYPES, tolerate_missing=True,
         # What Gaudi's bridge does with its lists: C++ names of functional ops only, so the
         # document's iadd and truediv do nothing (builder's Note: what Gaudi's bridge applies).
         c_names_only=True, warn_ignored=False,

@@ -1,0 +1,76 @@
+"""FP8 scaling recipes, as plain frozen data: how an fp8 region chooses the per-tensor scales of
+the operands it quantizes (the engine's ``_engine/fp8.py`` applies them; docs/fp8.md).
+
+A recipe is part of a policy's value (``Policy.fp8``): equal policies have equal recipes, so the
+compiled key the compile guard checks, the pickle and the report all carry it.
+
+* ``Tensorwise()``, the default: stateless, dynamic. Each operand's scale is
+  ``finfo(fp8).max / amax(operand)`` at the call (torchao's float8 training, "tensorwise").
+* ``Delayed(history, margin, amax_compute)``: Transformer Engine's ``DelayedScaling``. The scale
+  comes from the amaxes seen at earlier calls (a history of ``history`` values per weight and
+  call site): ``finfo(fp8).max / amax / 2**margin``, with ``amax`` the history's maximum
+  (``"max"``) or its last value (``"most_recent"``); the call's own amax then enters the history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+__all__ = ["FP8_DTYPES", "Tensorwise", "Delayed", "Recipe", "is_fp8", "cast_dtype"]
+
+#: The region dtypes that mean "GEMMs in fp8": the forward's operands in e4m3; the gradient in
+#: e5m2 (Transformer Engine's "hybrid" format); everything else the policy lowers in bfloat16.
+FP8_DTYPES = (torch.float8_e4m3fn,)
+
+#: The amax a ``Delayed`` recipe takes from its history.
+AMAX_COMPUTE = ("max", "most_recent")
+
+
+def is_fp8(dtype: object) -> bool:
+    """Whether a region of ``dtype`` runs its GEMMs in fp8 (the one test of it)."""
+    return dtype in FP8_DTYPES
+
+
+def cast_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a region of ``dtype`` casts to (LOWER, and PROMOTE's lower dtype): its own, but
+    bfloat16 for an fp8 region, whose fp8 GEMMs quantize their bfloat16 inputs themselves."""
+    return torch.bfloat16 if dtype in FP8_DTYPES else dtype
+
+
+@dataclass(frozen=True)
+class Tensorwise:
+    """Dynamic per-tensor scaling: each operand's scale from its own amax at the call."""
+
+    def __str__(self) -> str:
+        return "tensorwise"
+
+
+@dataclass(frozen=True)
+class Delayed:
+    """Delayed per-tensor scaling (Transformer Engine's ``DelayedScaling``): scales from an amax
+    history kept per weight and call site."""
+
+    #: How many amaxes the history keeps (Transformer Engine's ``amax_history_len``).
+    history: int = 16
+    #: The scale is divided by ``2**margin`` (headroom for values that grow between calls).
+    margin: int = 0
+    #: ``"max"``: the history's largest amax; ``"most_recent"``: its last.
+    amax_compute: str = "max"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.history, int) and self.history >= 1):
+            raise ValueError(f"Delayed: history = {self.history!r}; accepted: an int >= 1")
+        if not isinstance(self.margin, int) or self.margin < 0:
+            raise ValueError(f"Delayed: margin = {self.margin!r}; accepted: an int >= 0")
+        if self.amax_compute not in AMAX_COMPUTE:
+            raise ValueError(f"Delayed: amax_compute = {self.amax_compute!r}; accepted: "
+                             f"{' or '.join(map(repr, AMAX_COMPUTE))}")
+
+    def __str__(self) -> str:
+        return f"delayed(history={self.history}, margin={self.margin}, amax={self.amax_compute})"
+
+
+Recipe = Union[Tensorwise, Delayed]

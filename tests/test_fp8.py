@@ -1,0 +1,314 @@
+"""FP8 regions (issue 32): ``HpuAutocastMode(torch.float8_e4m3fn)`` runs the policy's GEMMs as
+scaled e4m3 products into bfloat16, the rest of the lower list in bfloat16; the backward's GEMMs
+with the gradient in e5m2; scaling recipes as part of the policy. Oracles: float32 runs, bf16
+autocast runs, and a hand-quantized ``torch._scaled_mm`` control."""
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hpu_autocast import HpuAutocastMode, build_policy, get_preset, record
+from hpu_autocast.policies.recipes import Delayed, Tensorwise
+from hpu_autocast.policies.policy import CastPolicy
+
+FP8 = torch.float8_e4m3fn
+pytestmark = pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="no torch._scaled_mm")
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _events(fn, dtype=FP8, **kw):
+    seen = []
+    with HpuAutocastMode(dtype, observer=seen.append, **kw):
+        out = fn()
+    return out, seen
+
+
+def _hand(x, dtype):
+    """The control: per-tensor scale from the amax, saturated, cast."""
+    big = torch.finfo(dtype).max
+    scale = big / x.abs().max().float()
+    return (x.float() * scale).clamp(-big, big).to(dtype), scale.reciprocal()
+
+
+# -- 1. forward ---------------------------------------------------------------------------------
+def test_linear_returns_bf16_with_an_error_between_bf16s_and_ten_percent():
+    torch.manual_seed(0)
+    x, lin = torch.randn(32, 64), torch.nn.Linear(64, 48)
+    ref = lin(x)
+    with HpuAutocastMode(FP8):
+        y = lin(x)
+    with HpuAutocastMode(torch.bfloat16):
+        y16 = lin(x)
+    assert y.dtype is torch.bfloat16
+    assert _rel(y16, ref) < _rel(y, ref) < 0.10
+
+
+def test_linear_equals_a_hand_quantized_scaled_mm():
+    torch.manual_seed(1)
+    x, w, b = torch.randn(2, 16, 64), torch.randn(32, 64), torch.randn(32)
+    with HpuAutocastMode(FP8):
+        y = F.linear(x, w, b)
+    xq, xs = _hand(x.to(torch.bfloat16).reshape(-1, 64), FP8)
+    wq, ws = _hand(w.to(torch.bfloat16), FP8)
+    ref = torch._scaled_mm(xq, wq.t(), xs, ws, bias=b.to(torch.bfloat16), out_dtype=torch.bfloat16)
+    assert torch.equal(y, ref.reshape(2, 16, 32))
+
+
+def test_hpu_runs_mm_in_fp8_and_softmax_in_bf16():
+    a, b = torch.randn(32, 64), torch.randn(64, 16)
+    out, seen = _events(lambda: torch.softmax(torch.mm(a, b), -1), policy="hpu")
+    compute = {str(e.op): e.compute for e in seen}
+    assert compute["aten.mm.default"] is FP8 and compute["aten.softmax.int"] is torch.bfloat16
+    assert out.dtype is torch.bfloat16
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("addmm", lambda a, b, c: torch.addmm(c[0], a, b)),
+    ("addmm", lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=2.0)),
+    ("bmm", lambda a, b, c: torch.bmm(a.reshape(2, 16, 64), b.reshape(2, 32, 32)[:, :, :16].repeat(1, 2, 1))),
+    ("baddbmm", lambda a, b, c: torch.baddbmm(c[:16, :16].expand(2, 16, 16), a.reshape(2, 16, 64),
+                                              b.reshape(2, 32, 32).repeat(1, 2, 1)[:, :, :16])),
+    ("matmul", lambda a, b, c: torch.matmul(a.reshape(2, 16, 64), b)),
+    ("matmul", lambda a, b, c: torch.matmul(a.reshape(2, 1, 16, 64), b.reshape(2, 1, 32, 32)[..., :16].repeat(1, 1, 2, 1))),
+])
+def test_each_gemm_runs_in_fp8_near_float32(name, fn):
+    torch.manual_seed(2)
+    a, b, c = torch.randn(32, 64), torch.randn(64, 32), torch.randn(32, 32)
+    ref = fn(a, b, c)
+    out, seen = _events(lambda: fn(a, b, c))
+    assert any(str(e.op) == f"aten.{name}.default" and e.compute is FP8 for e in seen), seen
+    assert out.dtype is torch.bfloat16 and _rel(out, ref) < 0.10
+
+
+def test_shapes_scaled_mm_does_not_take_fall_back_to_bf16_and_the_report_names_them():
+    a, b = torch.randn(32, 64), torch.randn(64, 30)
+    with record(FP8) as rec:
+        out = torch.mm(a, b).sum() + torch.mm(a, torch.randn(64, 32)).sum()
+    report = rec.report()
+    by = report.flops_by_dtype
+    assert by == {"bf16": 2 * 32 * 64 * 30, "f8e4m3": 2 * 32 * 64 * 32}
+    assert any("aten.mm.default ran in bf16, not fp8" in w and "(32, 64, 30)" in w for w in report.warnings)
+    assert out.dtype is torch.bfloat16
+
+
+def test_a_float64_gemm_is_left_alone():
+    a = torch.randn(32, 32, dtype=torch.float64)
+    out, seen = _events(lambda: torch.mm(a, a))
+    assert out.dtype is torch.float64
+
+
+def test_policies_without_fp8_refuse_it_naming_what_they_accept():
+    with pytest.raises(ValueError, match=r"does not support dtype=float8_e4m3fn; accepted: bfloat16, float16"):
+        HpuAutocastMode(FP8, policy="torch-cpu")
+    assert FP8 in get_preset("hpu").dtypes
+
+
+def test_the_c_core_decides_no_call_of_an_fp8_region():
+    from hpu_autocast._engine import core as _core
+
+    with HpuAutocastMode(FP8):
+        from hpu_autocast._engine import innermost
+        assert innermost().region.core is None
+    if _core.ENGINE == "c++":
+        with HpuAutocastMode(torch.bfloat16):
+            assert innermost().region.core is not None
+
+
+# -- 2. backward ----------------------------------------------------------------------------------
+def test_gradients_within_25_percent_of_float32s_and_master_weights_float32():
+    torch.manual_seed(3)
+    lin, x = torch.nn.Linear(64, 32), torch.randn(48, 64, requires_grad=True)
+    lin(x).square().mean().backward()
+    ref = [p.grad.clone() for p in (x, lin.weight, lin.bias)]
+    for p in (x, lin.weight, lin.bias):
+        p.grad = None
+    with HpuAutocastMode(FP8):
+        y = lin(x)
+    y.float().square().mean().backward()
+    for p, r in zip((x, lin.weight, lin.bias), ref):
+        assert p.grad.dtype is torch.float32 and p.dtype is torch.float32
+        assert _rel(p.grad, r) < 0.25
+
+
+def test_the_backward_quantizes_the_gradient_to_e5m2():
+    torch.manual_seed(4)
+    a = torch.randn(16, 32, requires_grad=True)
+    b = torch.randn(32, 16)
+    g = torch.randn(16, 16)
+    with HpuAutocastMode(FP8):
+        y = torch.mm(a, b)
+    y.backward(g.to(torch.bfloat16))
+    gq, gs = _hand(g.to(torch.bfloat16), torch.float8_e5m2)
+    bq, bs = _hand(b.to(torch.bfloat16), FP8)
+    ref = torch._scaled_mm(gq, bq.t().contiguous().t().t(), gs, bs, out_dtype=torch.bfloat16).float()
+    assert torch.equal(a.grad, ref)
+
+
+def test_a_small_mlp_trains_to_within_1_5x_of_its_bf16_loss():
+    def train(dtype):
+        torch.manual_seed(5)
+        net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+        teacher = torch.nn.Linear(32, 16)
+        opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+        for _ in range(200):
+            x = torch.randn(64, 32)
+            with torch.no_grad():
+                t = torch.tanh(teacher(x))
+            with HpuAutocastMode(dtype):
+                loss = F.mse_loss(net(x).float(), t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return loss.item()
+
+    fp8, bf16 = train(FP8), train(torch.bfloat16)
+    assert fp8 < 1.5 * bf16, (fp8, bf16)
+
+
+# -- 4. recipes -----------------------------------------------------------------------------------
+def test_the_recipe_is_part_of_the_policys_value():
+    hpu = get_preset("hpu")
+    delayed = dataclasses.replace(hpu, fp8=Delayed(history=4, margin=1))
+    assert hpu.fp8 == Tensorwise() and delayed != hpu and hash(delayed) != hash(hpu)
+    assert dataclasses.replace(hpu, fp8=Delayed(history=4, margin=1)) == delayed
+    assert pickle.loads(pickle.dumps(delayed)) == delayed and copy.deepcopy(delayed).fp8 == Delayed(4, 1)
+    from hpu_autocast.policies._table import policy_serial
+    assert policy_serial(delayed) != policy_serial(hpu)  # the compiled key the compile guard checks
+
+
+@pytest.mark.parametrize("bad, match", [(dict(history=0), "history"), (dict(margin=-1), "margin"),
+                                        (dict(amax_compute="mean"), "amax_compute")])
+def test_a_bad_delayed_recipe_names_what_is_accepted(bad, match):
+    with pytest.raises(ValueError, match=f"{match} = .*accepted"):
+        Delayed(**bad)
+    with pytest.raises(TypeError, match="fp8 = .*accepted"):
+        dataclasses.replace(get_preset("hpu"), fp8="delayed")
+
+
+def test_delayed_scaling_scales_by_the_history_of_earlier_calls():
+    policy = dataclasses.replace(get_preset("hpu"), name="hpu-delayed", fp8=Delayed(history=2))
+    w = torch.nn.Parameter(torch.randn(16, 32))
+    x1 = torch.randn(16, 32)
+    with HpuAutocastMode(FP8, policy=policy):
+        first = F.linear(x1, w)
+    with HpuAutocastMode(FP8):
+        dynamic = F.linear(x1, w)
+    assert torch.equal(first, dynamic)  # an empty history: the call's own amax
+    x2 = x1 * 0.25  # with "max" over the history, x2 is scaled by x1's amax: fewer levels used
+    with HpuAutocastMode(FP8, policy=policy):
+        second = F.linear(x2, w)
+    xq = (x2.to(torch.bfloat16).float() * (448 / x1.to(torch.bfloat16).abs().max().float())).to(FP8)
+    wq, ws = _hand(w.detach().to(torch.bfloat16), FP8)
+    ref = torch._scaled_mm(xq, wq.t(), x1.to(torch.bfloat16).abs().max().float() / 448, ws,
+                           out_dtype=torch.bfloat16)
+    assert torch.equal(second, ref)
+
+
+# -- 5. tune, testing, torch.compile ----------------------------------------------------------------
+def _net():
+    torch.manual_seed(6)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
+    return net, torch.randn(32, 64)
+
+
+def test_tune_moves_a_gemm_from_fp8_to_bf16_before_anything_to_float32():
+    from hpu_autocast import tune
+    from hpu_autocast.numerics import compare_outputs
+
+    net, x = _net()
+    fn = lambda x: torch.softmax(net(x), -1)  # noqa: E731
+    loose = tune(fn, x, dtype=FP8, tolerance=0.5)
+    assert loose.bf16_gemms == () and loose.policy == loose.start  # fp8 meets it: nothing moves
+    result = tune(fn, x, dtype=FP8, tolerance=0.5 * loose.start_error)
+    assert result.bf16_gemms == ("linear",) and result.moved == () and result.met
+    assert torch.ops.aten.linear.default in result.policy.bf16_gemms
+    ref = fn(x)
+    with HpuAutocastMode(FP8, policy=result.policy):  # the tuned policy's error is what it says
+        again = compare_outputs(ref, fn(x))
+    _, seen = _events(lambda: fn(x), policy=result.policy)
+    assert {e.compute for e in seen if str(e.op) == "aten.linear.default"} == {torch.bfloat16}
+    assert again.max_rel == pytest.approx(result.error)
+
+
+def test_check_policy_finds_no_deviation_in_an_fp8_region():
+    from hpu_autocast.testing import check_policy
+
+    net, x = _net()
+    assert not check_policy(net, x, dtype=FP8, policy="hpu")
+
+
+def test_the_strategies_draw_fp8_regions_with_their_recipes():
+    from hypothesis import given, settings, HealthCheck
+    from hpu_autocast.testing import policies
+
+    drawn = []
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(policies(dtype=FP8, presets=["hpu"], max_changes=0))
+    def run(policy):
+        drawn.append(policy.fp8)
+        a, b = torch.randn(16, 32), torch.randn(32, 16)
+        out, seen = _events(lambda: torch.mm(a, b), policy=policy)
+        lowered = policy.table.get(torch.ops.aten.mm.default) is CastPolicy.LOWER
+        assert FP8 in policy.dtypes and (out.dtype is torch.bfloat16) == lowered
+
+    run()
+    assert any(isinstance(r, Delayed) for r in drawn) and Tensorwise() in drawn
+
+
+def test_torch_compile_in_an_fp8_region_gives_eagers_values():
+    net, x = _net()
+    x.requires_grad_(True)
+    fn = lambda x: torch.softmax(net(x), -1)  # noqa: E731
+    with HpuAutocastMode(FP8):
+        eager = fn(x)
+        (gx,) = torch.autograd.grad(eager.float().sum(), x)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager")(x)
+        (cgx,) = torch.autograd.grad(compiled.float().sum(), x)
+    torch._dynamo.reset()
+    assert torch.equal(compiled, eager) and torch.equal(cgx, gx)
+
+
+def test_the_report_shows_the_recipe_beside_the_fp8_dtype():
+    policy = dataclasses.replace(get_preset("hpu"), fp8=Delayed(history=8, amax_compute="most_recent"))
+    a = torch.randn(16, 16)
+    with record(FP8, policy=policy) as rec:
+        torch.mm(a, a)
+    assert str(rec.report()).startswith(
+        "hpu_autocast precision report: policy hpu, dtype f8e4m3 (delayed(history=8, margin=0, amax=most_recent))")
+    with record(torch.bfloat16) as rec:
+        torch.mm(a, a)
+    assert rec.report().dtype == "bf16"
+
+
+# -- 6. Gaudi: the bridge's fp8 GEMM ------------------------------------------------------------------
+def test_on_hpu_tensors_the_bridges_fp8_gemm_runs(monkeypatch):
+    import _fake_habana
+
+    bridge = _fake_habana.install(monkeypatch)
+    x, w = _fake_habana.fake_hpu(torch.randn(2, 16, 64)), _fake_habana.fake_hpu(torch.randn(32, 64))
+    seen = []
+    with HpuAutocastMode(FP8, policy="hpu", device_type="hpu", observer=seen.append):
+        y = torch.softmax(F.linear(x, w), -1)
+    assert (y.dtype, y.device.type, tuple(y.shape)) == (torch.bfloat16, "hpu", (2, 16, 32))
+    assert bridge.calls.count(("fp8_gemm_v2", FP8, FP8, torch.bfloat16)) == 1
+    assert [(str(e.op), e.compute) for e in seen] == [("aten.linear.default", FP8), ("aten.softmax.int", torch.bfloat16)]
+
+
+def test_the_stand_ins_fp8_gemm_computes_what_scaled_mm_does(monkeypatch):
+    import _fake_habana
+
+    _fake_habana.install(monkeypatch)
+    a, sa = _hand(torch.randn(16, 32), FP8)
+    b, sb = _hand(torch.randn(32, 16), FP8)
+    ours = torch.ops.hpu.fp8_gemm_v2(a, False, b, False, None, torch.bfloat16, sa, sb, None, False)
+    ref = torch._scaled_mm(a, b.t().contiguous().t(), sa, sb, out_dtype=torch.bfloat16)
+    torch.testing.assert_close(ours, ref)  # bfloat16's tolerance: float32 sums in another order
