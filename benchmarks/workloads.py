@@ -390,21 +390,25 @@ def step_variants(model_name: str, backend: Backend, dtype: torch.dtype, scale: 
     (as users write it), gradients cleared. Train mode, so the transformer's fast path is off.
     All variants share one model and one input, so they do the same arithmetic."""
     model, x, loss_fn = MODELS[model_name](scale, backend.device)
+    return {name: _step_runner(model, x, loss_fn, backend, region) for name, region in _regions(backend, dtype).items()}
+
+
+def _step_runner(model: nn.Module, x: torch.Tensor, loss_fn: Callable, backend: Backend,
+                 region: Callable[[], ContextManager]) -> Runner:
+    """Training steps of ``model`` on ``x``: forward and loss in ``region()``, backward outside it,
+    gradients cleared (train mode, so the transformer's fast path is off)."""
     model.train()
     params = list(model.parameters())
 
-    def runner(region: Callable[[], ContextManager]) -> Runner:
-        def run(iters: int) -> None:
-            for _ in range(iters):
-                with region():
-                    loss = loss_fn(model(x))
-                loss.backward()
-                for p in params:
-                    p.grad = None
-                backend.end_step()
-        return run
-
-    return {name: runner(region) for name, region in _regions(backend, dtype).items()}
+    def run(iters: int) -> None:
+        for _ in range(iters):
+            with region():
+                loss = loss_fn(model(x))
+            loss.backward()
+            for p in params:
+                p.grad = None
+            backend.end_step()
+    return run
 
 
 # -- fp8 against bf16 (issue 32) ---------------------------------------------------------------
@@ -422,21 +426,12 @@ def fp8_variants(name: str, backend: Backend, scale: Scale) -> Dict[str, Runner]
         loss_fn = lambda out: out.float().pow(2).mean()  # noqa: E731
     else:
         model, x, loss_fn = MODELS[name](scale, backend.device)
-    model.train()
-    params = list(model.parameters())
 
-    def runner(dtype: torch.dtype) -> Runner:
-        def run(iters: int) -> None:
-            for _ in range(iters):
-                with HpuAutocastMode(dtype, policy="hpu", device_type=backend.device.type):
-                    loss = loss_fn(model(x))
-                loss.backward()
-                for p in params:
-                    p.grad = None
-                backend.end_step()
-        return run
+    def region(dtype: torch.dtype) -> Callable[[], ContextManager]:
+        return lambda: HpuAutocastMode(dtype, policy="hpu", device_type=backend.device.type)
 
-    return {"fp8": runner(torch.float8_e4m3fn), "bf16": runner(torch.bfloat16)}
+    return {"fp8": _step_runner(model, x, loss_fn, backend, region(torch.float8_e4m3fn)),
+            "bf16": _step_runner(model, x, loss_fn, backend, region(torch.bfloat16))}
 
 
 # -- a compiled training step -----------------------------------------------------------------
