@@ -15,6 +15,17 @@ from hpu_autocast import HpuAutocastMode, build_policy, get_preset, record
 from hpu_autocast.policies.recipes import Delayed, Tensorwise
 from hpu_autocast.policies.policy import CastPolicy
 
+
+@pytest.fixture(autouse=True)
+def without_a_gpu(monkeypatch):
+    # These tests run fp8 regions on CPU tensors; their regions, tune and the strategies follow the
+    # machine's device (a GPU's where there is one, or under --as-if-cuda), so they run as on a
+    # machine without a GPU.
+    from hpu_autocast.policies import _devices
+
+    monkeypatch.setattr(_devices, "_cuda", False)
+
+
 FP8 = torch.float8_e4m3fn
 pytestmark = pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="no torch._scaled_mm")
 

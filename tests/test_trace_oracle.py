@@ -47,7 +47,8 @@ SAMPLE_ALIASES = {"lstm_cell": "LSTMCell", "rnn_tanh_cell": "RNNCell"}
 #: (convolutions reach cuDNN's, SDPA its flash kernel, the RNN cells their fused kernels); on fake
 #: CUDA tensors a CPU build takes other paths, which the samples of those public ops trace.
 NOT_SAMPLED = {"_scaled_dot_product_flash_attention", "_thnn_fused_gru_cell", "_thnn_fused_lstm_cell",
-               "cudnn_convolution", "cudnn_convolution_transpose", "mkldnn_rnn_layer"}
+               "cudnn_convolution", "cudnn_convolution_transpose", "mkldnn_rnn_layer",
+               "_cudnn_rnn"}  # registered by CUDA builds (torch 2.14.1's wheel): nn.LSTM reaches it on a GPU
 
 #: OpInfo samples taken per OpInfo (their first ones: the cheapest, and enough for the dtypes).
 OPINFO_SAMPLES = 2
@@ -278,6 +279,11 @@ NOT_ON_FAKE_CUDA = {
     # GRU's fused CUDA cell has no fake kernel: FakeTensor runs the real one, which needs CUDA.
     "gru": "_thnn_fused_gru_cell has no fake kernel",
 }
+
+if torch.backends.cudnn.is_available():
+    # A CUDA build (torch 2.14.1's wheel) without a GPU: nn.LSTM on fake CUDA tensors takes cuDNN's
+    # path, which asks the driver (AcceleratorError); a CPU build takes the fake-able one.
+    NOT_ON_FAKE_CUDA["lstm"] = "a CUDA build's LSTM takes cuDNN, which needs a GPU"
 
 MODEL_CASES = [_marked(f"{device}-{dname}-{name}", (device, dname, name))
                for device in DEVICES for dname in DTYPES for name in MODELS
