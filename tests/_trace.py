@@ -22,7 +22,7 @@ as dtype and shape (their identities may differ: the cast cache, views), everyth
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, ContextManager, Iterator, List, Optional, Tuple
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -172,9 +172,17 @@ Outcome = Tuple[List[str], Optional[str]]
 def trace(fn: Callable, args: tuple, kwargs: dict, device: str, dtype: torch.dtype, which: str,
           params: Optional[Tuple[dict, dict]] = None) -> Outcome:
     """The calls ``fn(*args, **kwargs)`` makes below autocast inside ``which`` region (``native`` or
-    ``region``), and the type of the exception it raised, if any. ``params`` (a module's parameters
-    and its buffers, by name) are recorded too, the parameters requiring grad as a model's do, and
-    passed as ``fn``'s first argument, in one dict."""
+    ``region``), and the name of the exception it raised, if any (``trace_in``)."""
+    return trace_in(fn, args, kwargs, device, REGIONS[which](device, dtype), params)
+
+
+def trace_in(fn: Callable, args: tuple, kwargs: dict, device: str, region: ContextManager,
+             params: Optional[Tuple[dict, dict]] = None) -> Outcome:
+    """The calls ``fn(*args, **kwargs)`` makes below autocast inside ``region`` (any context
+    manager: a native autocast, a region of any policy, none), on ``device``'s tensors, and the
+    name of the exception it raised, if any. ``params`` (a module's parameters and its buffers, by
+    name) are recorded too, the parameters requiring grad as a model's do, and passed as ``fn``'s
+    first argument, in one dict."""
     log: List[str] = []
     inputs = Inputs(device)
     args, kwargs = inputs.wrap((args, kwargs), log)
@@ -184,7 +192,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, device: str, dtype: torch.dty
     del log[:]  # the wrapping's own calls
     torch.manual_seed(0)
     try:
-        with inputs.factories(), REGIONS[which](device, dtype):
+        with inputs.factories(), region:
             fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001  (the two runs must raise alike)
         return log, type(e).__name__

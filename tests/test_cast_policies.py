@@ -3,7 +3,7 @@ rule, run against both engines in this process: a plain region (the C++ core whe
 and an observing region (whose calls the Python kernels always decide).
 
 * ``torch-cuda`` against native CUDA autocast: the ATen calls that reach below autocast
-  (overload, input dtypes, dtype arguments, ``_below``) equal native's, on fake CUDA tensors, for
+  (overload, input dtypes, dtype arguments, ``_trace``) equal native's, on fake CUDA tensors, for
   the calls where the policies differ (issue 28): losses that decompose, reductions with an
   optional dtype (``fp32_set_opt_dtype``), norms that gain one (``fp32_append_dtype``), a
   lower-precision GEMM, a float32 norm.
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _below import NativeCUDA, trace
+from _trace import native, trace_in
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, with_lists
 from hpu_autocast.policies.rules import PromoteError
 
@@ -51,7 +51,7 @@ CASES = {
 
 def _trace(fn, tensors, region) -> list:
     """The calls below autocast of ``fn`` on fake CUDA tensors made from ``tensors``, in ``region``."""
-    log, error = trace(fn, tuple(tensors), {}, region, "cuda")
+    log, error = trace_in(fn, tuple(tensors), {}, "cuda", region)
     assert error is None
     return log
 
@@ -71,19 +71,19 @@ def test_torch_cuda_reaches_below_autocast_as_native_does(name, dtype, inputs, e
     tensors = make(inputs)
     # Where native raises (layer_norm's float64 input beside the float32 weight it casts, on torch
     # 2.14's fake CUDA tensors), the region raises alike after the same calls.
-    native = trace(fn, tuple(tensors), {}, NativeCUDA(dtype), "cuda")
-    ours = trace(fn, tuple(tensors), {}, HpuAutocastMode(dtype, policy="torch-cuda", **ENGINES[engine]), "cuda")
-    assert ours == native
+    want = trace_in(fn, tuple(tensors), {}, "cuda", native("cuda", dtype))
+    ours = trace_in(fn, tuple(tensors), {}, "cuda", HpuAutocastMode(dtype, policy="torch-cuda", **ENGINES[engine]))
+    assert ours == want
 
 
 def test_the_trace_tells_the_policies_apart():
     # Native passes dtype=float32 to sum (fp32_set_opt_dtype) and leaves its input alone; a policy
     # that casts the input to float32 instead (the old approximation) is seen in the trace.
-    native = _trace(lambda x: x.sum(), (_x(torch.bfloat16),), NativeCUDA(torch.bfloat16))
-    assert native == [("aten.sum.default", ("torch.bfloat16", "torch.float32"))]
+    want = _trace(lambda x: x.sum(), (_x(torch.bfloat16),), native("cuda", torch.bfloat16))
+    assert want == ["aten.sum.default(bf16[4, 6], dtype=torch.float32)"]
     cast = with_lists(get_preset("torch-cuda"), fp32=["sum"], name="sum as fp32")
     ours = _trace(lambda x: x.sum(), (_x(torch.bfloat16),), HpuAutocastMode(torch.bfloat16, policy=cast))
-    assert ours[-1] == ("aten.sum.default", ("torch.float32",))
+    assert ours[-1] == "aten.sum.default(f32[4, 6])"
 
 
 # --- every cast policy on the CPU, against ATen's rule applied by hand ------------------------
@@ -149,8 +149,8 @@ def test_each_cast_policy_follows_atens_rule(name, explicit, inputs, engine):
     fn, control, _ = SPEC[name]
     x = torch.randn(4, 6).to(inputs)
     policy = _spec_policy(explicit)
-    ours_trace, err = trace(fn, (x,), {}, HpuAutocastMode(BF16, policy=policy, **ENGINES[engine]), "cpu")
-    expected_trace, expected_err = trace(lambda t: control(t, BF16), (x,), {}, _Nothing(), "cpu")
+    ours_trace, err = trace_in(fn, (x,), {}, "cpu", HpuAutocastMode(BF16, policy=policy, **ENGINES[engine]))
+    expected_trace, expected_err = trace_in(lambda t: control(t, BF16), (x,), {}, "cpu", _Nothing())
     assert (err, ours_trace) == (expected_err, expected_trace)
     if err is None:
         with HpuAutocastMode(BF16, policy=policy, **ENGINES[engine]):
@@ -171,8 +171,8 @@ def test_a_wrong_rule_would_show_in_the_spec():
     # sum as plain fp32 casts its input: its trace has the cast and no dtype argument.
     x = torch.randn(4, 6).bfloat16()
     wrong = with_lists(_spec_policy("leave"), fp32=["exp", "prod", "sum"], name="sum as fp32")
-    ours, _ = trace(lambda t: t.sum(), (x,), {}, HpuAutocastMode(BF16, policy=wrong), "cpu")
-    expected, _ = trace(lambda t: t.sum(dtype=F32), (x,), {}, _Nothing(), "cpu")
+    ours, _ = trace_in(lambda t: t.sum(), (x,), {}, "cpu", HpuAutocastMode(BF16, policy=wrong))
+    expected, _ = trace_in(lambda t: t.sum(dtype=F32), (x,), {}, "cpu", _Nothing())
     assert ours != expected
 
 
@@ -227,8 +227,8 @@ def test_torch_cpu_casts_a_call_with_an_explicit_dtype_as_native_does(inputs, en
     # applies cached_cast to each argument): CPU's prod(x, dtype=float64) reads x in float32.
     x = torch.randn(4, 6).to(inputs)
     fn = lambda t: t.prod(1, dtype=F64)  # noqa: E731
-    native, _ = trace(fn, (x,), {}, torch.autocast("cpu", dtype=BF16), "cpu")
-    ours, _ = trace(fn, (x,), {}, HpuAutocastMode(BF16, policy="torch-cpu", **ENGINES[engine]), "cpu")
-    assert ours == native
+    want, _ = trace_in(fn, (x,), {}, "cpu", torch.autocast("cpu", dtype=BF16))
+    ours, _ = trace_in(fn, (x,), {}, "cpu", HpuAutocastMode(BF16, policy="torch-cpu", **ENGINES[engine]))
+    assert ours == want
     if inputs is BF16:
-        assert native[0] == ("aten._to_copy.default", ("torch.bfloat16", "torch.float32"))
+        assert want[0] == "aten._to_copy.default(bf16[4, 6], dtype=torch.float32)"

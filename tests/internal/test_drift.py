@@ -28,7 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from _below import NativeCUDA, trace
+from _trace import native, trace_in
 from _parity import VARIANTS
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset
@@ -225,7 +225,7 @@ def test_torch_cuda_matches_native(name, dtype):
 # --- each registered op gets the kind native applies: the calls below autocast -------------------
 # The output dtypes above cannot tell fp32 from fp32_set_opt_dtype (both compute in float32);
 # the calls that reach below autocast can (the input cast, or a dtype argument): overload, input
-# dtypes and dtype arguments, recorded by a wrapper subclass (tests/_below.py).
+# dtypes and dtype arguments, recorded by a wrapper subclass (tests/_trace.py).
 
 CPU_NAMES = sorted({op_base_name(op) for op in get_preset("torch-cpu").table} & set(SAMPLES))
 
@@ -236,10 +236,10 @@ CPU_NAMES = sorted({op_base_name(op) for op in get_preset("torch-cpu").table} & 
 def test_torch_cuda_reaches_below_autocast_as_native_on_fake_cuda_tensors(name, dtype, variant):
     fn, args, kwargs = build(name)
     args, kwargs = tree_map(VARIANTS[variant](dtype), (args, kwargs))
-    native, native_err = trace(fn, args, kwargs, NativeCUDA(dtype), "cuda")
-    ours, err = trace(fn, args, kwargs, HpuAutocastMode(dtype, policy="torch-cuda"), "cuda")
-    assert err is native_err, f"{name}: native raised {native_err}, ours {err}"
-    assert ours == native
+    want, native_err = trace_in(fn, args, kwargs, "cuda", native("cuda", dtype))
+    ours, err = trace_in(fn, args, kwargs, "cuda", HpuAutocastMode(dtype, policy="torch-cuda"))
+    assert err == native_err, f"{name}: native raised {native_err}, ours {err}"
+    assert ours == want
 
 
 @pytest.mark.parametrize("variant", ["f32", "lower", "mixed"])
@@ -248,7 +248,7 @@ def test_torch_cuda_reaches_below_autocast_as_native_on_fake_cuda_tensors(name, 
 def test_torch_cpu_reaches_below_autocast_as_native(name, dtype, variant):
     fn, args, kwargs = build(name)
     args, kwargs = tree_map(VARIANTS[variant](dtype), (args, kwargs))
-    native, native_err = trace(fn, args, kwargs, torch.autocast("cpu", dtype=dtype), "cpu")
-    ours, err = trace(fn, args, kwargs, HpuAutocastMode(dtype, policy="torch-cpu"), "cpu")
-    assert err is native_err, f"{name}: native raised {native_err}, ours {err}"
-    assert ours == native
+    want, native_err = trace_in(fn, args, kwargs, "cpu", torch.autocast("cpu", dtype=dtype))
+    ours, err = trace_in(fn, args, kwargs, "cpu", HpuAutocastMode(dtype, policy="torch-cpu"))
+    assert err == native_err, f"{name}: native raised {native_err}, ours {err}"
+    assert ours == want
