@@ -36,6 +36,13 @@ SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", tor
          torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128", torch.complex32: "c32"}
 
 
+#: Every autocast dispatch key (native ones and those the engine borrows).
+AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+for _name in dir(torch._C.DispatchKey):
+    if _name.startswith("Autocast"):
+        AUTOCAST_KEYS = AUTOCAST_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _name))
+
+
 def describe(x: object) -> str:
     """``f16[2, 4]`` for a tensor, its ``repr`` for anything else (lists and tuples element-wise)."""
     if isinstance(x, torch.Tensor):
@@ -77,7 +84,9 @@ class Recorded(torch.Tensor):
         first = next(a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Recorded))
         first.log.append(call_line(func, args, kwargs))
         unwrap = (lambda a: a.inner if isinstance(a, Recorded) else a)
-        with first.mode if first.mode is not None else contextlib.nullcontext():
+        # Below every autocast key, as the call came: the wrapped tensors must not meet them again.
+        with first.mode if first.mode is not None else contextlib.nullcontext(), \
+                torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
             out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
         return tree_map(lambda o: cls(o, first.log, first.mode) if isinstance(o, torch.Tensor) else o, out)
 

@@ -8,7 +8,7 @@ them); on a Gaudi, where ``import torch`` loads the bridge, they are the bridge'
 
 The tensors are fake HPU tensors (``_fake_habana.fake_hpu``: HPU-keyed, meta kernels), so both
 autocasts see HPU tensors and nothing computes. Each call is recorded where it reaches *below*
-autocast: the tensors are wrapped in ``Seen``, a wrapper subclass whose ``__torch_dispatch__``
+autocast: the tensors are wrapped in ``_trace.Recorded``, a wrapper subclass whose ``__torch_dispatch__``
 writes one line per ATen call (overload, input dtypes and shapes, dtype arguments) and runs it
 on the fake tensor inside, autocast keys excluded. A subclass rather than a dispatch mode: the
 C++ core hands every call to Python while a dispatch mode is active, so a mode would test the
@@ -36,70 +36,28 @@ import torch.utils._pytree as pytree
 
 import _fake_habana
 from _samples import SAMPLES, build
+from _trace import SHORT, Recorded, describe
 from hpu_autocast import HpuAutocastMode
 from hpu_autocast.policies.presets import gaudi_autocast
 
-#: Cases that wait for Policy.explicit_dtype ("cast" under hpu): a listed op given float32
-#: tensors and an explicit dtype, whose tensors the bridge casts anyway.
-
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="f16")]
-_SHORT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64",
-          torch.int64: "i64", torch.int32: "i32", torch.bool: "b8", torch.uint8: "u8"}
-_AUTOCAST_KEYS = _fake_habana._AUTOCAST_KEYS
 
 
-# --- the recorder ---------------------------------------------------------------------------
-
-def _show(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{_SHORT.get(x.dtype, x.dtype)}{list(x.shape)}"
-    if isinstance(x, torch.dtype):
-        return _SHORT.get(x, str(x))
-    if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(_show(e) for e in x) + "]"
-    return repr(x)
-
-
-class Seen(torch.Tensor):
-    """A fake HPU tensor that writes each ATen call reaching it, as ``aten.mm.default(bf16[2, 4],
-    bf16[4, 3])``, into ``Seen.log``."""
-
-    log: List[str] = []
-
-    @staticmethod
-    def __new__(cls, inner: torch.Tensor):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
-                                                   device=inner.device, requires_grad=False)
-
-    def __init__(self, inner: torch.Tensor) -> None:
-        self.inner = inner
-
-    def __repr__(self) -> str:
-        return f"Seen({_show(self)})"
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        shown = [_show(a) for a in args] + [f"{k}={_show(v)}" for k, v in kwargs.items()]
-        Seen.log.append(f"{func}({', '.join(shown)})")
-        args, kwargs = pytree.tree_map_only(Seen, lambda s: s.inner, (args, kwargs))
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):  # below autocast, as the call came
-            out = func(*args, **kwargs)
-        return pytree.tree_map_only(torch.Tensor, Seen, out)
-
+# --- the recorder (tests/_trace.py's, on fake HPU tensors) ----------------------------------
 
 def _calls(fn: Callable, args, kwargs, context) -> List[str]:
     """The calls ``fn`` makes below autocast on fake HPU copies of its tensors inside
     ``context``, then its outcome: the results' dtypes and shapes, or the error's type."""
-    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: Seen(_fake_habana.fake_hpu(t)), (args, kwargs))
-    Seen.log = []
+    log: List[str] = []
+    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: Recorded(_fake_habana.fake_hpu(t), log),
+                                        (args, kwargs))
     try:
         with context:
             out = fn(*args, **kwargs)
-        outcome = "-> " + _show(pytree.tree_leaves(out))
+        outcome = "-> " + describe(pytree.tree_leaves(out))
     except Exception as e:  # noqa: BLE001  (both sides must fail alike)
         outcome = f"raised {type(e).__name__}"
-    return _casts_sorted(Seen.log) + [outcome]
+    return _casts_sorted(log) + [outcome]
 
 
 def _casts_sorted(log: List[str]) -> List[str]:
@@ -235,7 +193,7 @@ def test_model_calls_below_autocast_are_the_bridges(bridge, model_name, dtype):
         return torch.func.functional_call(model, params, inputs)
 
     expected = _calls(forward, (params, *inputs), {}, native(dtype))
-    assert any(f"{_SHORT[dtype]}[" in line for line in expected)  # the bridge cast something
+    assert any(f"{SHORT[dtype]}[" in line for line in expected)  # the bridge cast something
     assert _calls(forward, (params, *inputs), {}, ours(dtype)) == expected
 
 
