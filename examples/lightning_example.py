@@ -10,14 +10,18 @@ Needs the ``lightning`` extra: ``pip install -c constraints.txt -e ".[lightning]
 from __future__ import annotations
 
 import argparse
+import importlib
 import warnings
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
 import hpu_autocast
-from hpu_autocast.integrations.lightning import HpuAutocastPrecision
+from hpu_autocast.integrations.lightning import LIGHTNING, HpuAutocastPrecision
+
+# A Trainer takes the plugins of its own package only: the plugin subclasses `lightning`'s where
+# that is installed, else pytorch-lightning's (LIGHTNING says which), and so does this Trainer.
+pl = importlib.import_module("lightning.pytorch" if LIGHTNING == "lightning" else "pytorch_lightning")
 
 # Lightning 2.6 builds torch.utils._pytree.LeafSpec, which torch 2.13 deprecates (a FutureWarning
 # per step, about neither this script nor hpu_autocast).

@@ -235,8 +235,9 @@ def _timm() -> Dict[str, Arch]:
         "timm_mobilenetv4_small": arch("mobilenetv4_conv_small"),
         # Attention with BatchNorm'd linear layers, attention biases indexed by position, hardswish.
         "timm_levit_128s": arch("levit_128s", size=64, img_size=64),
-        # Cascaded group attention; it takes no drop_path_rate.
-        "timm_efficientvit_m0": arch("efficientvit_m0", size=64, drop_path_rate=None),
+        # Cascaded group attention; it takes no drop_path_rate. img_size: timm 1.0.29 (the GPU image's)
+        # builds its attention biases for 224x224 unless told, and refuses 64x64 images.
+        "timm_efficientvit_m0": arch("efficientvit_m0", size=64, img_size=64, drop_path_rate=None),
         # Squeeze-and-excitation, group convolutions.
         "timm_regnety_002": arch("regnety_002"),
     }

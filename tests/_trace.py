@@ -100,7 +100,12 @@ class Inputs:
 
     def __init__(self, device: str) -> None:
         assert device in ("cuda", "cpu"), device
-        self.mode = FakeTensorMode(allow_non_fake_inputs=True) if device == "cuda" else None
+        # No fallback kernels: an op with no fake implementation raises rather than run its real
+        # kernel. On a machine with a GPU that kernel would run, on outputs ``factories`` made
+        # fake, and write through their null pointers: an illegal memory access that breaks the
+        # process's CUDA context for every later test (seen on an H200: 1326 tests of 16 pytest
+        # workers failed after gru_cell's trace). Without a GPU it raised anyway.
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False) if device == "cuda" else None
 
     def fake(self, t: torch.Tensor) -> torch.Tensor:
         return FakeTensor(self.mode, t, torch.device("cuda"))

@@ -135,6 +135,17 @@ SPEC = {
     "explicit dtype cast": (lambda x: x.prod(dtype=F64), lambda x, d: _low(x, F32).prod(dtype=F64), "cast"),
 }
 
+if hasattr(torch.ops.aten.norm, "names_ScalarOpt_dim"):
+    # The Dimname twin: an operator up to torch 2.11, registered for AutocastCUDA there (found on a
+    # GPU machine); named tensors run on CPU only, so only this spec checks it.
+    def _named(x: torch.Tensor) -> torch.Tensor:
+        return x.refine_names("rows", "cols")
+
+    SPEC["append norm.names_ScalarOpt_dim"] = (
+        lambda x: torch.ops.aten.norm.names_ScalarOpt_dim(_named(x), 2, ["cols"]).rename(None),
+        lambda x, d: torch.ops.aten.norm.names_ScalarOpt_dim_dtype(
+            _named(x), 2, ["cols"], False, dtype=F32 if _eligible(x) else x.dtype).rename(None), "any")
+
 
 def _spec_cases():
     for name, (_, _, rule) in sorted(SPEC.items()):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
 import math
 import os
 import re
@@ -22,14 +23,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pl = pytest.importorskip("pytorch_lightning")
-
-from pytorch_lightning.plugins.precision import MixedPrecision  # noqa: E402
-from pytorch_lightning.utilities.exceptions import MisconfigurationException  # noqa: E402
+pytest.importorskip("pytorch_lightning")
 
 import hpu_autocast  # noqa: E402
 from hpu_autocast import PolicyError, Recorder, get_preset  # noqa: E402
-from hpu_autocast.integrations.lightning import HpuAutocastFabricPrecision, HpuAutocastPrecision  # noqa: E402
+from hpu_autocast.integrations.lightning import (  # noqa: E402
+    LIGHTNING, HpuAutocastFabricPrecision, HpuAutocastPrecision, MixedPrecision)
+
+# The Trainer of the package the plugins subclass: `lightning` where it is installed beside
+# pytorch-lightning (a GPU machine's image has both), as a user's Trainer must be.
+pl = importlib.import_module("lightning.pytorch" if LIGHTNING == "lightning" else "pytorch_lightning")
+MisconfigurationException = importlib.import_module(f"{pl.__name__}.utilities.exceptions").MisconfigurationException
 
 # Lightning 2.6 builds torch.utils._pytree.LeafSpec, which torch 2.13 deprecates: noise from
 # between the two, not from the plugin.
@@ -341,8 +345,9 @@ def _load_plugin_module(monkeypatch, stand_in: bool):
             if name.endswith("precision"):
                 bases[name] = module.MixedPrecision = type("MixedPrecision", (), {"__module__": name})
             monkeypatch.setitem(sys.modules, name, module)
-    else:
-        monkeypatch.setitem(sys.modules, "lightning", None)  # not installed
+    else:  # not installed: its submodules too, where it is and they are imported already
+        for name in [m for m in sys.modules if m.partition(".")[0] == "lightning"] or ["lightning"]:
+            monkeypatch.setitem(sys.modules, name, None)
     path = hpu_autocast.integrations.lightning.__file__
     spec = importlib.util.spec_from_file_location("hpu_autocast.integrations._lightning_probe", path)
     module = importlib.util.module_from_spec(spec)
@@ -360,10 +365,11 @@ def test_the_plugins_come_from_lightning_where_it_is_installed(monkeypatch):
 
 def test_the_plugins_come_from_pytorch_lightning_without_lightning(monkeypatch):
     import lightning_fabric.plugins.precision as fabric_precision
+    import pytorch_lightning.plugins.precision as trainer_precision
 
     module, _ = _load_plugin_module(monkeypatch, stand_in=False)
     assert module.LIGHTNING == "pytorch_lightning"
-    assert issubclass(module.HpuAutocastPrecision, MixedPrecision)
+    assert issubclass(module.HpuAutocastPrecision, trainer_precision.MixedPrecision)
     assert issubclass(module.HpuAutocastFabricPrecision, fabric_precision.MixedPrecision)
 
 

@@ -68,13 +68,14 @@ def test_every_public_name_is_documented(name):
 
 def test_the_package_imports_no_framework_and_says_what_a_recipe_needs():
     # In a fresh process: `import hpu_autocast` and `hpu_autocast.integrations` load no Lightning;
-    # with Lightning missing (None in sys.modules reads as not installed), the plugin's module
+    # with Lightning missing (None in sys.modules reads as not installed; both packages, as a GPU
+    # machine's image has `lightning` beside pytorch-lightning), the plugin's module
     # raises an ImportError that names what to install.
     script = textwrap.dedent("""
         import sys
         import hpu_autocast, hpu_autocast.integrations
         print(sorted(m for m in sys.modules if "lightning" in m.split(".")[0]))
-        sys.modules["pytorch_lightning"] = None
+        sys.modules["pytorch_lightning"] = sys.modules["lightning"] = None
         try:
             import hpu_autocast.integrations.lightning
         except ImportError as e:

@@ -167,6 +167,13 @@ def test_no_grad_linear_on_a_transposed_input_matches_native():
     assert not differences(out, folded), "ours took the bmm path, native the folded mm"
 
 
+def _checkpoint_activations(model: torch.nn.Module, reentrant: bool) -> None:
+    # `activation_checkpointing_enable` from transformers 5.2x; `gradient_checkpointing_enable`, its
+    # deprecated alias there, is the only name before (5.17, a GPU machine's).
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": reentrant})
+
+
 @needs_transformers
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
@@ -176,8 +183,7 @@ def test_activation_checkpointing_matches_native(reentrant, dtype):
     # the recomputed tensors have the forward's metadata (dtype included).
     ours, native, inputs = pair("gpt2")
     for model in (ours, native):
-        # `gradient_checkpointing_enable` is its deprecated alias in transformers 5.
-        model.activation_checkpointing_enable({"use_reentrant": reentrant})
+        _checkpoint_activations(model, reentrant)
     a = _train_step(ours, inputs, HpuAutocastMode(dtype, policy="torch-cpu"))
     b = _train_step(native, inputs, torch.autocast("cpu", dtype=dtype))
     _assert_train_steps_equal(a, b)
@@ -189,7 +195,7 @@ def test_activation_checkpointing_is_on(reentrant):
     # The test above checkpoints for real: GPT-2's blocks call the checkpoint function.
     calls = []
     model, _, inputs = pair("gpt2")
-    model.activation_checkpointing_enable({"use_reentrant": reentrant})
+    _checkpoint_activations(model, reentrant)
     for block in model.transformer.h:
         f = block._gradient_checkpointing_func
         block._gradient_checkpointing_func = lambda *a, f=f, **k: calls.append(1) or f(*a, **k)

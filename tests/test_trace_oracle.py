@@ -159,6 +159,7 @@ LOSSES: Dict[str, Tuple[dict, Callable, Callable]] = {
     "AdaptiveLogSoftmaxWithLoss": ({"in_features": 4, "n_classes": 6, "cutoffs": [2]}, same, lambda: (idx(6, 3),)),
     "LinearCrossEntropyLoss": ({"in_features": 4, "num_classes": 5}, same, lambda: (idx(5, 3),)),  # torch 2.13 on
 }
+LOSSES = {name: case for name, case in LOSSES.items() if hasattr(nn, name)}  # this torch's
 
 
 def _losses_in_torch() -> List[str]:
@@ -335,3 +336,29 @@ def test_a_difference_is_found_and_said():
     assert want[0] != got[0]
     assert first_difference(want, got).startswith("call 0, at the first call:\n  native: ")
     assert first_difference(want, want) is None
+
+
+#: An ATen op with a CUDA kernel and no fake one (no Meta kernel, no decomposition fake tensors use).
+_REAL_ONLY = "_thnn_fused_gru_cell"
+
+
+@pytest.mark.skipif(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_REAL_ONLY}", "Meta"),
+                    reason=f"this torch has a fake kernel for {_REAL_ONLY}")
+def test_a_fake_cuda_trace_never_runs_a_real_kernel():
+    # An op with no fake kernel raises on fake CUDA tensors before its CUDA kernel runs. Where a
+    # GPU is, that kernel would write through the null pointers of the fake outputs _trace's
+    # factories make: on an H200 that broke the CUDA context of 16 pytest workers (1326 later tests
+    # failed). The CUDA kernel is replaced here by one that notes its call. Failed before: fake
+    # tensors fell back to the real kernel.
+    ran = []
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901  (undone below)
+    try:
+        lib.impl(_REAL_ONLY, lambda *args: ran.append(len(args)) or (args[0], args[0]), "CUDA")
+        op = getattr(torch.ops.aten, _REAL_ONLY).default
+        gates, hidden = torch.randn(3, 15), torch.randn(3, 5)
+        outcomes = [trace(op, (gates, gates, hidden), {}, "cuda", torch.float16, which)
+                    for which in ("native", "region")]
+    finally:
+        lib._destroy()
+    assert ran == []
+    assert [err for _, err in outcomes] == ["UnsupportedOperatorException"] * 2

@@ -202,12 +202,14 @@ def registered_for(key: str, namespace: str = "aten") -> List[OpOverload]:
 #: [Note: fp32_append_dtype's redispatch table] ATen's ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``
 #: (autocast_mode.h) as data: each overload with no dtype argument that ``fp32_append_dtype``
 #: casts, and the sibling overload it calls instead, with the dtype appended (ATen registers
-#: both for CUDA and XPU; the Dimname twins, ``names_ScalarOpt_dim``, are not operators Python
-#: can reach in torch 2.13). Each sibling's arguments are its source's plus one trailing
-#: ``ScalarType dtype`` (``append_dtype_overload`` checks it).
+#: both for CUDA and XPU). Each sibling's arguments are its source's plus one trailing
+#: ``ScalarType dtype`` (``append_dtype_overload`` checks it). The Dimname twin is an operator
+#: Python reaches up to torch 2.11 (a GPU machine's torch registered it for AutocastCUDA) and not
+#: in 2.13: ``overload_named`` finds it where it exists, and nothing of it is built elsewhere.
 APPEND_DTYPE = {
     "aten::norm.Scalar": "aten::norm.ScalarOpt_dtype",
     "aten::norm.ScalarOpt_dim": "aten::norm.ScalarOpt_dim_dtype",
+    "aten::norm.names_ScalarOpt_dim": "aten::norm.names_ScalarOpt_dim_dtype",
 }
 
 
