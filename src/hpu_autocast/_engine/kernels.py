@@ -34,7 +34,6 @@ from .regions import Frame, _get_frame, innermost
 from ..policies._table import OpRule
 from ..events import Event, Level, Outcome, first_floating, input_dtypes
 from ..policies.policy import CastPolicy
-from ..policies.recipes import is_fp8
 from ..policies.rules import compute_dtype, has_explicit_dtype
 
 __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
@@ -54,10 +53,9 @@ def keys() -> _dispatch.Keys:
     return _dispatch._keys or _dispatch.keys(make_kernel, make_fallback)
 
 
-def keys_excluded() -> KeyGuard:
+def keys_excluded():
     """A guard: its body runs as if no region were open in this thread (the engine's keys excluded)."""
-    k = keys()
-    return KeyGuard((k.ops, k.all))
+    return keys().excluded()
 
 
 # -- one call ---------------------------------------------------------------------------------
@@ -206,7 +204,8 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
 def _lower(call: _Call) -> torch.dtype:
     """LOWER: every eligible input cast to the region's dtype; in an fp8 region, to bfloat16, and a
     GEMM runs as a scaled fp8 product where it can (``_fp8.route``; its Note: fp8 regions)."""
-    return _fp8.route(call) if is_fp8(call.frame.dtype) else call.frame.lower
+    frame = call.frame
+    return frame.lower if frame.lower is frame.dtype else _fp8.route(call)  # else fp8 (casts to bfloat16)
 
 
 def _fp32(call: _Call) -> torch.dtype:
@@ -251,7 +250,7 @@ def _decided(action: CastPolicy, call: _Call) -> Optional[torch.dtype]:
     the op writes do not (running statistics)."""
     region, rule = call.frame.region, call.rule
     protected = rule.protected if action is not CastPolicy.FIRST else ()
-    dtypes = [t.dtype for i, _, t in _inputs(rule, call.args, call.kwargs, _input_only(rule, region))
+    dtypes = [t.dtype for i, _, t in _inputs(rule, call.args, call.kwargs, region.device_type)
               if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)]
     return compute_dtype(action, dtypes, call.frame.lower, rule.name) if dtypes else None
 
@@ -262,32 +261,26 @@ _TARGET = {CastPolicy.LOWER: _lower, CastPolicy.FP32: _fp32, CastPolicy.FP32_SET
            CastPolicy.FIRST: functools.partial(_decided, CastPolicy.FIRST)}
 
 
-def _input_only(rule: OpRule, region) -> bool:
-    return rule.input_only and rule.casts_input_only(region.device_type)
-
-
-def _inputs(rule: OpRule, args: tuple, kwargs: dict, input_only: bool) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
+def _inputs(rule: OpRule, args: tuple, kwargs: dict, device_type: str) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
     """The tensors a rule looks at (``_positions``), in argument order, as ``(position, index in a
     list or None, tensor)``."""
-    for i in _positions(rule, args, kwargs, input_only):
+    for i in _positions(rule, args, kwargs, device_type):
         a = kwargs[i] if type(i) is str else args[i]
         if isinstance(a, _Tensor):
             yield i, None, a
-        else:
+        elif type(a) is list or type(a) is tuple:
             yield from ((i, j, t) for j, t in enumerate(a) if isinstance(t, _Tensor))
 
 
 def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[list]) -> int:
     """The one walk: cast the call's eligible inputs to ``target`` (``None``: none; through the
     cast cache), in place of ``call.args``/``call.kwargs``, and return how many were eligible. An
-    argument the op writes is never replaced by a copy (its write would be lost); it still counts."""
+    argument the op writes is never replaced by a copy (its write would be lost); it still counts.
+    (The commonest call, a tensor per position ``OpRule.walk`` names and no observer, takes the
+    loop's first branch alone: one eligibility test and one plain cast per tensor.)"""
     region, rule = call.frame.region, call.rule
-    is_eligible = region.eligible
-    cache = region.cache if _cache_on() else None
-    cast = CAST.get(target)
-    if cast is None:
-        cast = functools.partial(_Tensor.to, dtype=target)
-    lower = target is call.frame.lower
+    is_eligible, protected = region.eligible, rule.protected
+    cast = CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
     args, kwargs, eligible = list(call.args), call.kwargs, 0
     # Note [the order of casts]: native casts an op's arguments last to first (they are the
     # arguments of one C++ call, which GCC, torch's Linux compiler, evaluates right to left), so
@@ -295,36 +288,43 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     # is cast for several arguments, its gradient's float32 sums follow that order. So the
     # arguments are cast last to first too (a list's items in order, as native's loop casts
     # them), and the events list the casts in argument order.
-    protected = rule.protected
-    for i in reversed(_positions(rule, args, kwargs, _input_only(rule, region))):
-        a = kwargs[i] if type(i) is str else args[i]
-        if isinstance(a, _Tensor):  # the commonest argument, walked without a list
+    for i in reversed(_positions(rule, args, kwargs, region.device_type)):
+        a = args[i] if type(i) is int else kwargs[i]
+        if isinstance(a, _Tensor):
             if not is_eligible(a):
                 continue
             eligible += 1
             if target is None or a.dtype is target or i in protected:
                 continue
-            if casts is None and (cache is None or not a.requires_grad):
-                copy = cast(a)  # no cache entry possible, nothing to report: cached_cast's first test
+            if casts is None and not a.requires_grad:
+                a = cast(a)  # no cache entry possible, nothing to report: cached_cast's first test
             else:
-                mine = [] if casts is not None else None
-                copy = cached_cast(a, a.dtype, target, cast, cache, mine, i if type(i) is str else rule.arg_names[i],
-                                   lower)
-                if mine:
-                    casts[0:0] = mine
-            if type(i) is str:
+                a = _cached(call, a, target, cast, casts, i if type(i) is str else rule.arg_names[i])
+            if type(i) is int:
+                args[i] = a
+            else:
                 kwargs = dict(kwargs) if kwargs is call.kwargs else kwargs
-                kwargs[i] = copy
-            else:
-                args[i] = copy
-        else:
-            eligible += _cast_list(call, args, i, target, cast, cache, casts, lower)
+                kwargs[i] = a
+        elif type(a) is list or type(a) is tuple:
+            eligible += _cast_list(call, args, i, target, cast, casts)
     call.args, call.kwargs = args, kwargs
     return eligible
 
 
-def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], cast: Callable, cache,
-               casts: Optional[list], lower: bool) -> int:
+def _cached(call: _Call, t: torch.Tensor, target: torch.dtype, cast: Callable, casts: Optional[list],
+            arg: str) -> torch.Tensor:
+    """``t`` cast through the cast cache (``cached_cast``), its cast put first in ``casts``."""
+    frame = call.frame
+    cache = frame.region.cache if _cache_on() else None
+    mine = [] if casts is not None else None
+    copy = cached_cast(t, t.dtype, target, cast, cache, mine, arg, target is frame.lower)
+    if mine:
+        casts[0:0] = mine
+    return copy
+
+
+def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], cast: Callable,
+               casts: Optional[list]) -> int:
     """``_cast_inputs`` for a list argument (``cat``'s tensors), its items in order: ``args[i]``
     becomes a list of the same type with the eligible items cast; returns how many were eligible."""
     rule, is_eligible, items = call.rule, call.frame.region.eligible, args[i]
@@ -337,7 +337,7 @@ def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], c
         if target is None or t.dtype is target or i in rule.protected:
             continue
         copies = copies or list(items)
-        copies[j] = cached_cast(t, t.dtype, target, cast, cache, mine, f"{rule.arg_names[i]}[{j}]", lower)
+        copies[j] = _cached(call, t, target, cast, mine, f"{rule.arg_names[i]}[{j}]")
     if copies is not None:
         args[i] = type(items)(copies)
     if mine:
@@ -345,11 +345,15 @@ def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], c
     return eligible
 
 
-def _positions(rule: OpRule, args: list, kwargs: dict, input_only: bool) -> list:
+def _positions(rule: OpRule, args: list, kwargs: dict, device_type: str) -> list:
     """Where the tensors a rule looks at are, in argument order (a keyword argument's position is
     its name): a tensor or a list of them; an input-only rule stops at its first tensor, and what
-    the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
-    out = []
+    the op writes by keyword (``out=``) is not an input (``_inplace.into``). Where the schema
+    says (``OpRule.walk``: no list of tensors, no keyword tensor), looked up, not found: the
+    positions typed ``Tensor`` (one may hold ``None`` or a wrapped scalar's number)."""
+    if rule.walk is not None:
+        return rule.walk[len(args)]
+    input_only, out = rule.input_only and rule.casts_input_only(device_type), []
     for i, a in enumerate(args):
         if isinstance(a, _Tensor) or type(a) is list or type(a) is tuple:
             out.append(i)
@@ -365,7 +369,7 @@ def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
     autocast's kernel would not have been reached."""
     on_device = tensor_on(region.device_type)
     return any(t.is_floating_point() and on_device(t)
-               for _, _, t in _inputs(rule, args, kwargs, _input_only(rule, region)))
+               for _, _, t in _inputs(rule, args, kwargs, region.device_type))
 
 
 def _cast_and_call(call: _Call, level: Level, target: Optional[torch.dtype]):
@@ -378,26 +382,24 @@ def _cast_and_call(call: _Call, level: Level, target: Optional[torch.dtype]):
     op, args, kwargs = call.given
     casts = [] if region.observer is not None else None
     k = _dispatch._keys
-    with KeyGuard((k.ops, k.all)):
+    with k.excluded():
         eligible = _cast_inputs(call, target, casts)
         if not (eligible or _reached(region, rule, args, kwargs)):
             return _pass_on(op, args, kwargs, k.ops, k.all)
         if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
-        out = _call_op(call, target)
+        out = _into(call, target) if rule.into and target is not None else call.op._op(*call.args, **call.kwargs)
         if region.observer is not None:
             region.observer(_event(call, op, level, target, args, kwargs, out, eligible, casts))
     return out
 
 
-def _call_op(call: _Call, target: Optional[torch.dtype]):
-    """Call ``call.op`` on its arguments; a named in-place or ``out=`` overload computes into
-    copies in ``target``, written back (``_inplace``)."""
-    if call.rule.into and target is not None:
-        args, kwargs, written = into(call.rule, call.args, call.kwargs, target, call.frame.region.eligible)
-        out = call.op._op(*args, **kwargs)
-        return write_back(written, out) if written else out
-    return call.op._op(*call.args, **call.kwargs)
+def _into(call: _Call, target: torch.dtype):
+    """Call a named in-place or ``out=`` overload: it computes into copies in ``target``, written
+    back (``_inplace``)."""
+    args, kwargs, written = into(call.rule, call.args, call.kwargs, target, call.frame.region.eligible)
+    out = call.op._op(*args, **kwargs)
+    return write_back(written, out) if written else out
 
 
 def _event(call: _Call, op: OpOverload, level: Level, target: Optional[torch.dtype], args: tuple, kwargs: dict,
@@ -438,7 +440,7 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
     its own."""
     k = _dispatch._keys
-    with KeyGuard((k.ops, k.all)):
+    with k.excluded():
         out = op._op(*args, **kwargs)
         observer = frame.region.observer
         if observer is not None:
