@@ -166,21 +166,21 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 # cast policy is a function (``_TARGET``) that names the dtype the call's eligible inputs are
 # cast to (``None``: none), after changing the call's dtype arguments where the policy does
 # (FP32_SET_OPT_DTYPE sets them, FP32_APPEND_DTYPE calls the overload that takes one); then one
-# walk over the arguments (``_cast_inputs``) casts the eligible ones, and ``_cast_and_call``
-# does what every policy does alike: call with the engine's keys excluded, report. What may be
+# walk over the arguments (``_cast_inputs``) casts the eligible ones, and ``_apply`` does what
+# every policy does alike: call with the engine's keys excluded, report. What may be
 # cast is ``rules.eligibility``'s predicate (the region's ``eligible``). csrc/core.cpp has the
 # same shape in C++, and tests/test_cast_policies.py runs the same cases against both.
 class _Call:
     """One call under a rule, as a cast policy's function sees it: it may change ``op`` (the
-    overload called), ``args`` and ``kwargs`` (the dtype arguments); ``given`` keeps the user's
-    overload, arguments and keyword arguments; ``compute`` and ``reason``, what the event says the
+    overload called), ``args`` and ``kwargs`` (the dtype arguments; the casts); ``compute`` and
+    ``reason``, what the event says the
     call computed in and why, where the function knows better than the output (an fp8 GEMM)."""
 
-    __slots__ = ("frame", "rule", "op", "args", "kwargs", "given", "compute", "reason")
+    __slots__ = ("frame", "rule", "op", "args", "kwargs", "compute", "reason")
 
     def __init__(self, frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> None:
         self.frame, self.rule, self.op, self.args, self.kwargs = frame, rule, op, args, kwargs
-        self.given, self.compute, self.reason = (op, args, kwargs), None, None
+        self.compute = self.reason = None
 
     def first_eligible(self) -> bool:
         """ATen's ``firstarg_is_eligible``: the first argument is a tensor the region may cast."""
@@ -188,17 +188,34 @@ class _Call:
 
 
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """Apply ``rule`` to one call: its cast policy's function names the target, the walk casts,
-    the op is called, the observer told. A call passing a ``torch.dtype`` under a policy that
-    leaves those alone runs unchanged (seed 003; ``OpRule.leave_explicit``), reported only with a
-    floating tensor of the region's device, as every call; a rule left to native autocast
-    (``Policy.native``; its action is ``None``) hands the call over."""
+    """Apply ``rule`` to one call: its cast policy's function names the target (``None``: none);
+    then what every cast policy does alike: with the engine's keys excluded (the call's insides
+    are its own, as native autocast excludes its key), the walk casts the eligible inputs, the
+    op is called (into copies for a named in-place or ``out=`` overload), the observer told with
+    the user's ``args`` and ``kwargs``. A call with no floating tensor of the region's device goes
+    on as the user made it, as if the engine were not there (no event). A call passing a
+    ``torch.dtype`` under a policy that leaves those alone runs unchanged (seed 003;
+    ``OpRule.leave_explicit``), reported only with a floating tensor of the region's device, as
+    every call; a rule left to native autocast (``Policy.native``; its action is ``None``) hands
+    the call over."""
+    region = frame.region
     if rule.action is None:
         return _to_native(frame, rule, op, args, kwargs, level)
-    if rule.leave_explicit and has_explicit_dtype(args, kwargs) and _reached(frame.region, rule, args, kwargs):
+    if rule.leave_explicit and has_explicit_dtype(args, kwargs) and _reached(region, rule, args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
     call = _Call(frame, rule, op, args, kwargs)
-    return _cast_and_call(call, level, _TARGET[rule.action](call))
+    target = _TARGET[rule.action](call)
+    casts = [] if region.observer is not None else None
+    with _dispatch._keys.excluded():
+        eligible = _cast_inputs(call, target, casts)
+        if not (eligible or _reached(region, rule, args, kwargs)):
+            return _pass_on(op, args, kwargs, _dispatch._keys.ops, _dispatch._keys.all)
+        if rule.banned is not None:
+            raise RuntimeError(f"{rule.name}: {rule.banned}")
+        out = _into(call, target) if rule.into and target is not None else call.op._op(*call.args, **call.kwargs)
+        if region.observer is not None:
+            region.observer(_event(call, op, level, target, args, kwargs, out, eligible, casts))
+    return out
 
 
 def _lower(call: _Call) -> torch.dtype:
@@ -288,7 +305,8 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     # is cast for several arguments, its gradient's float32 sums follow that order. So the
     # arguments are cast last to first too (a list's items in order, as native's loop casts
     # them), and the events list the casts in argument order.
-    for i in reversed(_positions(rule, args, kwargs, region.device_type)):
+    walk = rule.walk  # the positions, looked up where the schema says them (``_positions``)
+    for i in reversed(walk[len(args)] if walk is not None else _positions(rule, args, kwargs, region.device_type)):
         a = args[i] if type(i) is int else kwargs[i]
         if isinstance(a, _Tensor):
             if not is_eligible(a):
@@ -370,28 +388,6 @@ def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
     on_device = tensor_on(region.device_type)
     return any(t.is_floating_point() and on_device(t)
                for _, _, t in _inputs(rule, args, kwargs, region.device_type))
-
-
-def _cast_and_call(call: _Call, level: Level, target: Optional[torch.dtype]):
-    """What every cast policy does alike: with the engine's keys excluded (the call's insides are
-    its own, as native autocast excludes its key), cast the eligible inputs to ``target`` (``None``:
-    none), call (into copies for a named in-place or ``out=`` overload), report. A call with no
-    floating tensor of the region's device goes on as the user made it, as if the engine were not
-    there (no event)."""
-    rule, region = call.rule, call.frame.region
-    op, args, kwargs = call.given
-    casts = [] if region.observer is not None else None
-    k = _dispatch._keys
-    with k.excluded():
-        eligible = _cast_inputs(call, target, casts)
-        if not (eligible or _reached(region, rule, args, kwargs)):
-            return _pass_on(op, args, kwargs, k.ops, k.all)
-        if rule.banned is not None:
-            raise RuntimeError(f"{rule.name}: {rule.banned}")
-        out = _into(call, target) if rule.into and target is not None else call.op._op(*call.args, **call.kwargs)
-        if region.observer is not None:
-            region.observer(_event(call, op, level, target, args, kwargs, out, eligible, casts))
-    return out
 
 
 def _into(call: _Call, target: torch.dtype):
