@@ -41,11 +41,13 @@ __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
 _FLOAT32 = torch.float32
 _Tensor = torch.Tensor
 _is_excluded = _torch.is_excluded
+_set_excluded = _torch.set_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
 _cache_on = _torch.autocast_cache_enabled
 _native_get_dtype = _torch.native_autocast_dtype
 _native_set_dtype = _torch.set_native_autocast_dtype
 _NATIVE_AUTOCAST = native_autocast_keys()
+_KERNEL = Level.KERNEL  # an Enum member read from its class is a Python lookup
 
 
 def keys() -> _dispatch.Keys:
@@ -80,7 +82,7 @@ def make_kernel(op: OpOverload) -> Callable:
         if frame is not None:
             rule = frame.rules.get(op_id)
             if rule is not None:
-                return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
+                return _apply(frame, rule, op, args, kwargs, _KERNEL)
             if not frame.enabled and frame.region.observer is not None:
                 # torch.autocast(enabled=False) inside an observing region: its ops are reported.
                 rule = frame.region.compiled.by_id.get(op_id)
@@ -188,16 +190,13 @@ class _Call:
 
 
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """Apply ``rule`` to one call: its cast policy's function names the target (``None``: none);
-    then what every cast policy does alike: with the engine's keys excluded (the call's insides
-    are its own, as native autocast excludes its key), the walk casts the eligible inputs, the
-    op is called (into copies for a named in-place or ``out=`` overload), the observer told with
-    the user's ``args`` and ``kwargs``. A call with no floating tensor of the region's device goes
-    on as the user made it, as if the engine were not there (no event). A call passing a
-    ``torch.dtype`` under a policy that leaves those alone runs unchanged (seed 003;
-    ``OpRule.leave_explicit``), reported only with a floating tensor of the region's device, as
-    every call; a rule left to native autocast (``Policy.native``; its action is ``None``) hands
-    the call over."""
+    """Apply ``rule`` to one call: its cast policy's function names the target (``None``: none),
+    then what every policy does alike: with the engine's keys excluded (its insides are its own,
+    as native excludes its key), the walk casts, the op is called (into copies for a named
+    in-place or ``out=`` overload), the observer told. A call with no floating tensor of the
+    region's device goes on as made (no event), as does one passing a ``torch.dtype`` where the
+    policy leaves those alone (seed 003; ``OpRule.leave_explicit``; reported); a rule left to
+    native autocast (``Policy.native``; action ``None``) hands the call over."""
     region = frame.region
     if rule.action is None:
         return _to_native(frame, rule, op, args, kwargs, level)
@@ -206,15 +205,24 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
     call = _Call(frame, rule, op, args, kwargs)
     target = _TARGET[rule.action](call)
     casts = [] if region.observer is not None else None
-    with _dispatch._keys.excluded():
+    # KeyGuard((ops, all)) written out, its rule kept (each key back as it was): on the cast
+    # op's path a guard object, even torch's C++ one, costs 0.6 us more than these calls.
+    ops, all_ = _dispatch._keys.ops, _dispatch._keys.all
+    was_ops, was_all = _is_excluded(ops), _is_excluded(all_)
+    _set_excluded(ops, True)
+    _set_excluded(all_, True)
+    try:
         eligible = _cast_inputs(call, target, casts)
         if not (eligible or _reached(region, rule, args, kwargs)):
-            return _pass_on(op, args, kwargs, _dispatch._keys.ops, _dispatch._keys.all)
+            return _pass_on(op, args, kwargs, ops, all_)
         if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
         out = _into(call, target) if rule.into and target is not None else call.op._op(*call.args, **call.kwargs)
         if region.observer is not None:
             region.observer(_event(call, op, level, target, args, kwargs, out, eligible, casts))
+    finally:
+        _set_excluded(ops, was_ops)
+        _set_excluded(all_, was_all)
     return out
 
 
@@ -292,9 +300,7 @@ def _inputs(rule: OpRule, args: tuple, kwargs: dict, device_type: str) -> Iterat
 def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[list]) -> int:
     """The one walk: cast the call's eligible inputs to ``target`` (``None``: none; through the
     cast cache), in place of ``call.args``/``call.kwargs``, and return how many were eligible. An
-    argument the op writes is never replaced by a copy (its write would be lost); it still counts.
-    (The commonest call, a tensor per position ``OpRule.walk`` names and no observer, takes the
-    loop's first branch alone: one eligibility test and one plain cast per tensor.)"""
+    argument the op writes is never replaced by a copy (its write would be lost); it still counts."""
     region, rule = call.frame.region, call.rule
     is_eligible, protected = region.eligible, rule.protected
     cast = CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
@@ -402,9 +408,7 @@ def _event(call: _Call, op: OpOverload, level: Level, target: Optional[torch.dty
            out, eligible: int, casts: list) -> Event:
     """What the observer hears of a call a rule applied to (the user's ``args`` and ``kwargs``)."""
     rule = call.rule
-    if eligible:
-        # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
-        # promoted the result beyond it.
+    if eligible:  # what it ran in: the cast dtype, unless an input left alone (float64) promoted it
         return Event(op, level, Outcome.CAST, rule.action, rule.default, call.reason, input_dtypes(args, kwargs),
                      call.compute or first_floating(out) or target, tuple(casts), args, kwargs)
     # every floating input on the device is float64
@@ -435,8 +439,7 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
                reason: str):
     """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
     its own."""
-    k = _dispatch._keys
-    with k.excluded():
+    with _dispatch._keys.excluded():
         out = op._op(*args, **kwargs)
         observer = frame.region.observer
         if observer is not None:
