@@ -2,7 +2,8 @@
 
 A rule holds everything about an overload that does not depend on the call: its action, the
 arguments it writes (never replaced by a cast copy), whether it casts its input alone (Gaudi's
-norms), its ban message, and its schema's argument names (for events).
+norms), its ban message, its schema's argument names (for events), and where a call's tensors
+can be (``walk``: the cast walk looks its positions up).
 """
 
 from __future__ import annotations
