@@ -311,8 +311,7 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     # is cast for several arguments, its gradient's float32 sums follow that order. So the
     # arguments are cast last to first too (a list's items in order, as native's loop casts
     # them), and the events list the casts in argument order.
-    walk = rule.walk  # the positions, looked up where the schema says them (``_positions``)
-    for i in reversed(walk[len(args)] if walk is not None else _positions(rule, args, kwargs, region.device_type)):
+    for i in reversed(_positions(rule, args, kwargs, region.device_type)):
         a = args[i] if type(i) is int else kwargs[i]
         if isinstance(a, _Tensor):
             if not is_eligible(a):
@@ -375,8 +374,9 @@ def _positions(rule: OpRule, args: list, kwargs: dict, device_type: str) -> list
     the op writes by keyword (``out=``) is not an input (``_inplace.into``). Where the schema
     says (``OpRule.walk``: no list of tensors, no keyword tensor), looked up, not found: the
     positions typed ``Tensor`` (one may hold ``None`` or a wrapped scalar's number)."""
-    if rule.walk is not None:
-        return rule.walk[len(args)]
+    walk = rule.walk
+    if walk is not None and len(args) < len(walk):  # (more: not a call as the dispatcher makes it)
+        return walk[len(args)]
     input_only, out = rule.input_only and rule.casts_input_only(device_type), []
     for i, a in enumerate(args):
         if isinstance(a, _Tensor) or type(a) is list or type(a) is tuple:
