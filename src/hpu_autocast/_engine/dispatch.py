@@ -65,6 +65,7 @@ loaded *while* an observing region is open (a script run under ``hpu-autocast re
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import threading
@@ -126,6 +127,17 @@ class KeyGuard:
             _set_excluded(key, was)
 
 
+_exclude_guard = _torch.exclude_guard
+
+
+def _keyset(*keys) -> object:
+    """The key set of ``keys`` (for ``_torch.exclude_guard``)."""
+    out = _torch.DispatchKeySet(keys[0])
+    for key in keys[1:]:
+        out = out | _torch.DispatchKeySet(key)
+    return out
+
+
 def _claimed(name: str, device: str) -> bool:
     """Whether a backend holds ``name`` (call only while this package holds no fallback there)."""
     key = getattr(_DK, name, None)
@@ -181,6 +193,7 @@ class Keys:
         #: The observing key: a candidate above ``ops`` (possibly claimed: ``prepare_fallback`` checks).
         self.all_name, self.all_device = self._above_ops()[0]
         self.all = getattr(_DK, self.all_name)
+        self._guards()
         self._make_kernel = make_kernel
         self._make_fallback = make_fallback
         self._ops_fallback = _fall_through(self.ops_name)
@@ -248,6 +261,17 @@ class Keys:
                 + ". Regions that do not observe still cast")
         self.all_name, self.all_device = free[0]
         self.all = getattr(_DK, self.all_name)
+        self._both = _keyset(self.ops, self.all)
+
+        self._guards()
+
+    def _guards(self) -> None:
+        #: ``excluded()``: a guard; while open, this thread's dispatch excludes both keys, with
+        #: ``KeyGuard``'s restoring rule (torch's C++ guard, where torch has it: one C call, on
+        #: every cast op's path).
+        both = (self.ops, self.all)
+        self.excluded = (functools.partial(KeyGuard, both) if _exclude_guard is None else
+                         functools.partial(_exclude_guard, _keyset(*both)))
 
     def prepare_fallback(self) -> None:
         """Register the fallback's kernel on the observing key for every op the dispatcher has

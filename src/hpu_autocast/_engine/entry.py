@@ -97,7 +97,7 @@ def _hold(region: Region, k: _dispatch.Keys) -> None:
     observes, torch's cache flag and its own autocast for the region's device as torch.autocast's
     entry sets them."""
     region.switch = switch = _dispatch.thread_switch()
-    region.thread = threading.get_ident()
+    region.thread = switch.thread  # the calling thread's (a switch is per thread)
     # As torch.autocast: a region counts in torch's autocast nesting, so a torch.autocast nested
     # in it does not clear the cast caches at its exit (it calls torch.clear_autocast_cache only
     # when it leaves the outermost autocast context, which the region then is).

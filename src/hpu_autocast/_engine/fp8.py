@@ -27,7 +27,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import dispatch as _dispatch
 from .. import _torch
-from .dispatch import KeyGuard
 from ..policies.recipes import Delayed, Recipe
 
 __all__ = ["route", "Gemm", "E4M3", "E5M2"]
@@ -116,7 +115,7 @@ class _ScaledMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, bias, histories):
         k = _dispatch._keys
-        with KeyGuard((k.ops, k.all)):
+        with k.excluded():
             a_q, a_inv = quantize(a, E4M3, histories[0])
             b_q, b_inv = quantize(b, E4M3, histories[1])
             out = _mm(a_q, b_q, a_inv, b_inv, None if bias is None else bias.to(_BF16))
@@ -130,7 +129,7 @@ class _ScaledMatmul(torch.autograd.Function):
         need_a, need_b, need_bias, _ = ctx.needs_input_grad
         grad_a = grad_b = grad_bias = None
         k = _dispatch._keys
-        with KeyGuard((k.ops, k.all)):  # a backward run inside a region: its own ops are not cast
+        with k.excluded():  # a backward run inside a region: its own ops are not cast
             g_q, g_inv = quantize(grad, E5M2, ctx.history)
             if need_a:
                 grad_a = _mm(g_q, b_q.t(), g_inv, b_inv).to(ctx.dtypes[0])

@@ -52,7 +52,6 @@ from . import dispatch as _dispatch, regions as _regions
 from .. import _torch
 from .._torch import autocast as _torch_autocast
 from ..policies._devices import native_autocast_keys
-from .dispatch import KeyGuard
 
 __all__ = ["cover"]
 
@@ -103,7 +102,7 @@ def _natively_cast(op) -> Callable:
             if native is not None and first is not None and first.device.type == region.device_type:
                 impl = op.py_kernels.get(native)
         k = _dispatch._keys
-        with KeyGuard((k.ops, k.all)):
+        with k.excluded():
             return impl(*args, **kwargs) if impl is not None else op(*args, **kwargs)
 
     kernel.__name__ = kernel.__qualname__ = f"hpu_autocast_kernel[{op.name()}]"

@@ -34,7 +34,6 @@ from .regions import Frame, _get_frame, innermost
 from ..policies._table import OpRule
 from ..events import Event, Level, Outcome, first_floating, input_dtypes
 from ..policies.policy import CastPolicy
-from ..policies.recipes import is_fp8
 from ..policies.rules import compute_dtype, has_explicit_dtype
 
 __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
@@ -42,11 +41,13 @@ __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
 _FLOAT32 = torch.float32
 _Tensor = torch.Tensor
 _is_excluded = _torch.is_excluded
+_set_excluded = _torch.set_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
 _cache_on = _torch.autocast_cache_enabled
 _native_get_dtype = _torch.native_autocast_dtype
 _native_set_dtype = _torch.set_native_autocast_dtype
 _NATIVE_AUTOCAST = native_autocast_keys()
+_KERNEL = Level.KERNEL  # an Enum member read from its class is a Python lookup
 
 
 def keys() -> _dispatch.Keys:
@@ -54,10 +55,9 @@ def keys() -> _dispatch.Keys:
     return _dispatch._keys or _dispatch.keys(make_kernel, make_fallback)
 
 
-def keys_excluded() -> KeyGuard:
+def keys_excluded():
     """A guard: its body runs as if no region were open in this thread (the engine's keys excluded)."""
-    k = keys()
-    return KeyGuard((k.ops, k.all))
+    return keys().excluded()
 
 
 # -- one call ---------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def make_kernel(op: OpOverload) -> Callable:
         if frame is not None:
             rule = frame.rules.get(op_id)
             if rule is not None:
-                return _apply(frame, rule, op, args, kwargs, Level.KERNEL)
+                return _apply(frame, rule, op, args, kwargs, _KERNEL)
             if not frame.enabled and frame.region.observer is not None:
                 # torch.autocast(enabled=False) inside an observing region: its ops are reported.
                 rule = frame.region.compiled.by_id.get(op_id)
@@ -168,21 +168,21 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 # cast policy is a function (``_TARGET``) that names the dtype the call's eligible inputs are
 # cast to (``None``: none), after changing the call's dtype arguments where the policy does
 # (FP32_SET_OPT_DTYPE sets them, FP32_APPEND_DTYPE calls the overload that takes one); then one
-# walk over the arguments (``_cast_inputs``) casts the eligible ones, and ``_cast_and_call``
-# does what every policy does alike: call with the engine's keys excluded, report. What may be
+# walk over the arguments (``_cast_inputs``) casts the eligible ones, and ``_apply`` does what
+# every policy does alike: call with the engine's keys excluded, report. What may be
 # cast is ``rules.eligibility``'s predicate (the region's ``eligible``). csrc/core.cpp has the
 # same shape in C++, and tests/test_cast_policies.py runs the same cases against both.
 class _Call:
     """One call under a rule, as a cast policy's function sees it: it may change ``op`` (the
-    overload called), ``args`` and ``kwargs`` (the dtype arguments); ``given`` keeps the user's
-    overload, arguments and keyword arguments; ``compute`` and ``reason``, what the event says the
+    overload called), ``args`` and ``kwargs`` (the dtype arguments; the casts); ``compute`` and
+    ``reason``, what the event says the
     call computed in and why, where the function knows better than the output (an fp8 GEMM)."""
 
-    __slots__ = ("frame", "rule", "op", "args", "kwargs", "given", "compute", "reason")
+    __slots__ = ("frame", "rule", "op", "args", "kwargs", "compute", "reason")
 
     def __init__(self, frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> None:
         self.frame, self.rule, self.op, self.args, self.kwargs = frame, rule, op, args, kwargs
-        self.given, self.compute, self.reason = (op, args, kwargs), None, None
+        self.compute = self.reason = None
 
     def first_eligible(self) -> bool:
         """ATen's ``firstarg_is_eligible``: the first argument is a tensor the region may cast."""
@@ -190,23 +190,47 @@ class _Call:
 
 
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """Apply ``rule`` to one call: its cast policy's function names the target, the walk casts,
-    the op is called, the observer told. A call passing a ``torch.dtype`` under a policy that
-    leaves those alone runs unchanged (seed 003; ``OpRule.leave_explicit``), reported only with a
-    floating tensor of the region's device, as every call; a rule left to native autocast
-    (``Policy.native``; its action is ``None``) hands the call over."""
+    """Apply ``rule`` to one call: its cast policy's function names the target (``None``: none),
+    then what every policy does alike: with the engine's keys excluded (its insides are its own,
+    as native excludes its key), the walk casts, the op is called (into copies for a named
+    in-place or ``out=`` overload), the observer told. A call with no floating tensor of the
+    region's device goes on as made (no event), as does one passing a ``torch.dtype`` where the
+    policy leaves those alone (seed 003; ``OpRule.leave_explicit``; reported); a rule left to
+    native autocast (``Policy.native``; action ``None``) hands the call over."""
+    region = frame.region
     if rule.action is None:
         return _to_native(frame, rule, op, args, kwargs, level)
-    if rule.leave_explicit and has_explicit_dtype(args, kwargs) and _reached(frame.region, rule, args, kwargs):
+    if rule.leave_explicit and has_explicit_dtype(args, kwargs) and _reached(region, rule, args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
     call = _Call(frame, rule, op, args, kwargs)
-    return _cast_and_call(call, level, _TARGET[rule.action](call))
+    target = _TARGET[rule.action](call)
+    casts = [] if region.observer is not None else None
+    # KeyGuard((ops, all)) written out, its rule kept (each key back as it was): on the cast
+    # op's path a guard object, even torch's C++ one, costs 0.6 us more than these calls.
+    ops, all_ = _dispatch._keys.ops, _dispatch._keys.all
+    was_ops, was_all = _is_excluded(ops), _is_excluded(all_)
+    _set_excluded(ops, True)
+    _set_excluded(all_, True)
+    try:
+        eligible = _cast_inputs(call, target, casts)
+        if not (eligible or _reached(region, rule, args, kwargs)):
+            return _pass_on(op, args, kwargs, ops, all_)
+        if rule.banned is not None:
+            raise RuntimeError(f"{rule.name}: {rule.banned}")
+        out = _into(call, target) if rule.into and target is not None else call.op._op(*call.args, **call.kwargs)
+        if region.observer is not None:
+            region.observer(_event(call, op, level, target, args, kwargs, out, eligible, casts))
+    finally:
+        _set_excluded(ops, was_ops)
+        _set_excluded(all_, was_all)
+    return out
 
 
 def _lower(call: _Call) -> torch.dtype:
     """LOWER: every eligible input cast to the region's dtype; in an fp8 region, to bfloat16, and a
     GEMM runs as a scaled fp8 product where it can (``_fp8.route``; its Note: fp8 regions)."""
-    return _fp8.route(call) if is_fp8(call.frame.dtype) else call.frame.lower
+    frame = call.frame
+    return frame.lower if frame.lower is frame.dtype else _fp8.route(call)  # else fp8 (casts to bfloat16)
 
 
 def _fp32(call: _Call) -> torch.dtype:
@@ -251,7 +275,7 @@ def _decided(action: CastPolicy, call: _Call) -> Optional[torch.dtype]:
     the op writes do not (running statistics)."""
     region, rule = call.frame.region, call.rule
     protected = rule.protected if action is not CastPolicy.FIRST else ()
-    dtypes = [t.dtype for i, _, t in _inputs(rule, call.args, call.kwargs, _input_only(rule, region))
+    dtypes = [t.dtype for i, _, t in _inputs(rule, call.args, call.kwargs, region.device_type)
               if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)]
     return compute_dtype(action, dtypes, call.frame.lower, rule.name) if dtypes else None
 
@@ -262,18 +286,14 @@ _TARGET = {CastPolicy.LOWER: _lower, CastPolicy.FP32: _fp32, CastPolicy.FP32_SET
            CastPolicy.FIRST: functools.partial(_decided, CastPolicy.FIRST)}
 
 
-def _input_only(rule: OpRule, region) -> bool:
-    return rule.input_only and rule.casts_input_only(region.device_type)
-
-
-def _inputs(rule: OpRule, args: tuple, kwargs: dict, input_only: bool) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
+def _inputs(rule: OpRule, args: tuple, kwargs: dict, device_type: str) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
     """The tensors a rule looks at (``_positions``), in argument order, as ``(position, index in a
     list or None, tensor)``."""
-    for i in _positions(rule, args, kwargs, input_only):
+    for i in _positions(rule, args, kwargs, device_type):
         a = kwargs[i] if type(i) is str else args[i]
         if isinstance(a, _Tensor):
             yield i, None, a
-        else:
+        elif type(a) is list or type(a) is tuple:
             yield from ((i, j, t) for j, t in enumerate(a) if isinstance(t, _Tensor))
 
 
@@ -282,12 +302,8 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     cast cache), in place of ``call.args``/``call.kwargs``, and return how many were eligible. An
     argument the op writes is never replaced by a copy (its write would be lost); it still counts."""
     region, rule = call.frame.region, call.rule
-    is_eligible = region.eligible
-    cache = region.cache if _cache_on() else None
-    cast = CAST.get(target)
-    if cast is None:
-        cast = functools.partial(_Tensor.to, dtype=target)
-    lower = target is call.frame.lower
+    is_eligible, protected = region.eligible, rule.protected
+    cast = CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
     args, kwargs, eligible = list(call.args), call.kwargs, 0
     # Note [the order of casts]: native casts an op's arguments last to first (they are the
     # arguments of one C++ call, which GCC, torch's Linux compiler, evaluates right to left), so
@@ -295,36 +311,43 @@ def _cast_inputs(call: _Call, target: Optional[torch.dtype], casts: Optional[lis
     # is cast for several arguments, its gradient's float32 sums follow that order. So the
     # arguments are cast last to first too (a list's items in order, as native's loop casts
     # them), and the events list the casts in argument order.
-    protected = rule.protected
-    for i in reversed(_positions(rule, args, kwargs, _input_only(rule, region))):
-        a = kwargs[i] if type(i) is str else args[i]
-        if isinstance(a, _Tensor):  # the commonest argument, walked without a list
+    for i in reversed(_positions(rule, args, kwargs, region.device_type)):
+        a = args[i] if type(i) is int else kwargs[i]
+        if isinstance(a, _Tensor):
             if not is_eligible(a):
                 continue
             eligible += 1
             if target is None or a.dtype is target or i in protected:
                 continue
-            if casts is None and (cache is None or not a.requires_grad):
-                copy = cast(a)  # no cache entry possible, nothing to report: cached_cast's first test
+            if casts is None and not a.requires_grad:
+                a = cast(a)  # no cache entry possible, nothing to report: cached_cast's first test
             else:
-                mine = [] if casts is not None else None
-                copy = cached_cast(a, a.dtype, target, cast, cache, mine, i if type(i) is str else rule.arg_names[i],
-                                   lower)
-                if mine:
-                    casts[0:0] = mine
-            if type(i) is str:
+                a = _cached(call, a, target, cast, casts, i if type(i) is str else rule.arg_names[i])
+            if type(i) is int:
+                args[i] = a
+            else:
                 kwargs = dict(kwargs) if kwargs is call.kwargs else kwargs
-                kwargs[i] = copy
-            else:
-                args[i] = copy
-        else:
-            eligible += _cast_list(call, args, i, target, cast, cache, casts, lower)
+                kwargs[i] = a
+        elif type(a) is list or type(a) is tuple:
+            eligible += _cast_list(call, args, i, target, cast, casts)
     call.args, call.kwargs = args, kwargs
     return eligible
 
 
-def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], cast: Callable, cache,
-               casts: Optional[list], lower: bool) -> int:
+def _cached(call: _Call, t: torch.Tensor, target: torch.dtype, cast: Callable, casts: Optional[list],
+            arg: str) -> torch.Tensor:
+    """``t`` cast through the cast cache (``cached_cast``), its cast put first in ``casts``."""
+    frame = call.frame
+    cache = frame.region.cache if _cache_on() else None
+    mine = [] if casts is not None else None
+    copy = cached_cast(t, t.dtype, target, cast, cache, mine, arg, target is frame.lower)
+    if mine:
+        casts[0:0] = mine
+    return copy
+
+
+def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], cast: Callable,
+               casts: Optional[list]) -> int:
     """``_cast_inputs`` for a list argument (``cat``'s tensors), its items in order: ``args[i]``
     becomes a list of the same type with the eligible items cast; returns how many were eligible."""
     rule, is_eligible, items = call.rule, call.frame.region.eligible, args[i]
@@ -337,7 +360,7 @@ def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], c
         if target is None or t.dtype is target or i in rule.protected:
             continue
         copies = copies or list(items)
-        copies[j] = cached_cast(t, t.dtype, target, cast, cache, mine, f"{rule.arg_names[i]}[{j}]", lower)
+        copies[j] = _cached(call, t, target, cast, mine, f"{rule.arg_names[i]}[{j}]")
     if copies is not None:
         args[i] = type(items)(copies)
     if mine:
@@ -345,11 +368,16 @@ def _cast_list(call: _Call, args: list, i: int, target: Optional[torch.dtype], c
     return eligible
 
 
-def _positions(rule: OpRule, args: list, kwargs: dict, input_only: bool) -> list:
+def _positions(rule: OpRule, args: list, kwargs: dict, device_type: str) -> list:
     """Where the tensors a rule looks at are, in argument order (a keyword argument's position is
     its name): a tensor or a list of them; an input-only rule stops at its first tensor, and what
-    the op writes by keyword (``out=``) is not an input (``_inplace.into``)."""
-    out = []
+    the op writes by keyword (``out=``) is not an input (``_inplace.into``). Where the schema
+    says (``OpRule.walk``: no list of tensors, no keyword tensor), looked up, not found: the
+    positions typed ``Tensor`` (one may hold ``None`` or a wrapped scalar's number)."""
+    walk = rule.walk
+    if walk is not None and len(args) < len(walk):  # (more: not a call as the dispatcher makes it)
+        return walk[len(args)]
+    input_only, out = rule.input_only and rule.casts_input_only(device_type), []
     for i, a in enumerate(args):
         if isinstance(a, _Tensor) or type(a) is list or type(a) is tuple:
             out.append(i)
@@ -365,48 +393,22 @@ def _reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
     autocast's kernel would not have been reached."""
     on_device = tensor_on(region.device_type)
     return any(t.is_floating_point() and on_device(t)
-               for _, _, t in _inputs(rule, args, kwargs, _input_only(rule, region)))
+               for _, _, t in _inputs(rule, args, kwargs, region.device_type))
 
 
-def _cast_and_call(call: _Call, level: Level, target: Optional[torch.dtype]):
-    """What every cast policy does alike: with the engine's keys excluded (the call's insides are
-    its own, as native autocast excludes its key), cast the eligible inputs to ``target`` (``None``:
-    none), call (into copies for a named in-place or ``out=`` overload), report. A call with no
-    floating tensor of the region's device goes on as the user made it, as if the engine were not
-    there (no event)."""
-    rule, region = call.rule, call.frame.region
-    op, args, kwargs = call.given
-    casts = [] if region.observer is not None else None
-    k = _dispatch._keys
-    with KeyGuard((k.ops, k.all)):
-        eligible = _cast_inputs(call, target, casts)
-        if not (eligible or _reached(region, rule, args, kwargs)):
-            return _pass_on(op, args, kwargs, k.ops, k.all)
-        if rule.banned is not None:
-            raise RuntimeError(f"{rule.name}: {rule.banned}")
-        out = _call_op(call, target)
-        if region.observer is not None:
-            region.observer(_event(call, op, level, target, args, kwargs, out, eligible, casts))
-    return out
-
-
-def _call_op(call: _Call, target: Optional[torch.dtype]):
-    """Call ``call.op`` on its arguments; a named in-place or ``out=`` overload computes into
-    copies in ``target``, written back (``_inplace``)."""
-    if call.rule.into and target is not None:
-        args, kwargs, written = into(call.rule, call.args, call.kwargs, target, call.frame.region.eligible)
-        out = call.op._op(*args, **kwargs)
-        return write_back(written, out) if written else out
-    return call.op._op(*call.args, **call.kwargs)
+def _into(call: _Call, target: torch.dtype):
+    """Call a named in-place or ``out=`` overload: it computes into copies in ``target``, written
+    back (``_inplace``)."""
+    args, kwargs, written = into(call.rule, call.args, call.kwargs, target, call.frame.region.eligible)
+    out = call.op._op(*args, **kwargs)
+    return write_back(written, out) if written else out
 
 
 def _event(call: _Call, op: OpOverload, level: Level, target: Optional[torch.dtype], args: tuple, kwargs: dict,
            out, eligible: int, casts: list) -> Event:
     """What the observer hears of a call a rule applied to (the user's ``args`` and ``kwargs``)."""
     rule = call.rule
-    if eligible:
-        # What it ran in: the cast dtype, unless an input the rule leaves alone (float64)
-        # promoted the result beyond it.
+    if eligible:  # what it ran in: the cast dtype, unless an input left alone (float64) promoted it
         return Event(op, level, Outcome.CAST, rule.action, rule.default, call.reason, input_dtypes(args, kwargs),
                      call.compute or first_floating(out) or target, tuple(casts), args, kwargs)
     # every floating input on the device is float64
@@ -437,8 +439,7 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
                reason: str):
     """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
     its own."""
-    k = _dispatch._keys
-    with KeyGuard((k.ops, k.all)):
+    with _dispatch._keys.excluded():
         out = op._op(*args, **kwargs)
         observer = frame.region.observer
         if observer is not None:

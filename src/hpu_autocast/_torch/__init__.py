@@ -27,6 +27,9 @@ name (``torch._C.``)                        use; fallback
 ``_dispatch_get_registrations_for_dispatch_key``  custom ops a native key has kernels for
                                             (``Policy.native``); none
 ``_len_torch_dispatch_stack``               whether a dispatch mode is on (tracing); none
+``_ExcludeDispatchKeyGuard``                the engine's keys excluded around a kernel's call
+                                            (``Keys.excluded``; checked on 2.13.0); missing:
+                                            ``KeyGuard``, in Python
 ``_set_grad_enabled``                       grad mode for one cast (``torch.set_grad_enabled``
                                             builds an object per call); none
 ``_stash_obj_in_tls`` / ``_get_obj_in_tls`` the frame stashed for autograd's worker threads;
@@ -51,7 +54,7 @@ the checker's modes); from ``torch.utils._pytree``, ``tree_map``, ``tree_flatten
 ``tree_unflatten``, ``tree_flatten_with_path``, ``tree_leaves``, ``keystr``; ``torch.ops.aten._to_copy.default``
 (``TO_COPY``: the op every cast is); from ``torch._C``, the schema types ``TensorType``,
 ``OptionalType``, ``ListType``, ``TensorBase`` (and its C function modules,
-``c_function_namespace``), ``DispatchKey``, and torch's own autocast state, read and set
+``c_function_namespace``), ``DispatchKey``, ``DispatchKeySet``, and torch's own autocast state, read and set
 as its C functions (``native_autocast_enabled``, ``set_native_autocast_enabled``,
 ``native_autocast_dtype``, ``set_native_autocast_dtype``, ``autocast_cache_enabled``,
 ``set_autocast_cache_enabled``; ``torch.is_autocast_enabled`` and the other Python functions
@@ -93,7 +96,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 
 __all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset_after", "has_backend_fallback",
            "privateuse1_backend_name", "all_schemas", "all_op_names", "has_kernel_for", "registrations_for",
-           "python_registrations", "dispatch_mode_depth", "set_grad_enabled", "tls_stash", "tls_stashed",
+           "python_registrations", "dispatch_mode_depth", "exclude_guard", "DispatchKeySet", "set_grad_enabled", "tls_stash", "tls_stashed",
            "ANY_AUTOCAST_ENABLED", "current_autograd_node", "dispatch_key", "HIGHER_ORDER_OPS", "hop_keyset",
            "OpOverload", "OpOverloadPacket", "OperatorBase", "TorchDispatchMode", "tree_map", "tree_flatten", "tree_leaves",
            "tree_unflatten", "tree_flatten_with_path", "keystr", "TO_COPY", "DispatchKey", "TensorType",
@@ -160,6 +163,10 @@ all_op_names = _C._dispatch_get_all_op_names
 has_kernel_for = _C._dispatch_has_kernel_for_dispatch_key
 registrations_for = _C._dispatch_get_registrations_for_dispatch_key
 dispatch_mode_depth = _C._len_torch_dispatch_stack
+#: torch's C++ guard excluding a ``DispatchKeySet`` (at its exit, what it added is removed: the
+#: state at its entry is restored): ``KeyGuard``'s job in one C++ call; ``None`` where missing.
+exclude_guard = getattr(_C, "_ExcludeDispatchKeyGuard", None)
+DispatchKeySet = _C.DispatchKeySet
 
 
 # -- higher-order operators (``torch._ops``; checked on 2.4.1, 2.6.0, 2.9.1, 2.13.0, 2.14.1) ------

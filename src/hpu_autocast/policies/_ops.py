@@ -229,6 +229,24 @@ def optional_dtype_positions(op: OpOverload) -> tuple:
                  if _is_dtype(a) and isinstance(a.type, _torch.OptionalType))
 
 
+@functools.lru_cache(maxsize=None)
+def tensor_walk(op: OpOverload) -> Optional[tuple]:
+    """Where a call of ``op`` can pass a tensor, when only its positional ``Tensor`` and ``Tensor?``
+    arguments can: per count ``n`` of positional arguments a call passes (a Python kernel gets
+    those, trailing defaults left off, and nothing but keyword-only arguments by keyword), the
+    positions among the first ``n`` that are typed so, in argument order.
+    ``None`` where the schema takes a list of tensors or a keyword-only tensor (``out=``)."""
+    slots, positional = [], 0
+    for i, a in enumerate(op._schema.arguments):
+        t = a.type.getElementType() if isinstance(a.type, _torch.OptionalType) else a.type
+        if isinstance(t, _torch.TensorType) and not a.kwarg_only:
+            slots.append(i)
+        elif "Tensor" in str(a.type):
+            return None
+        positional += not a.kwarg_only
+    return tuple(tuple(i for i in slots if i < n) for n in range(positional + 1))
+
+
 def first_is_tensor(op: OpOverload) -> bool:
     """Whether ``op``'s first argument is a ``Tensor`` (the float32 dtype policies read it)."""
     args = op._schema.arguments

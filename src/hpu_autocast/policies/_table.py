@@ -2,7 +2,8 @@
 
 A rule holds everything about an overload that does not depend on the call: its action, the
 arguments it writes (never replaced by a cast copy), whether it casts its input alone (Gaudi's
-norms), its ban message, and its schema's argument names (for events).
+norms), its ban message, its schema's argument names (for events), and where a call's tensors
+can be (``walk``: the cast walk looks its positions up).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class OpRule:
     """How one overload is handled."""
 
     __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "written_names", "into", "banned",
-                 "arg_names", "leave_explicit", "dtype_args", "redispatch", "default", "native", "core")
+                 "arg_names", "walk", "leave_explicit", "dtype_args", "redispatch", "default", "native", "core")
 
     def __init__(self, op: OpOverload, action: Optional[CastPolicy], input_only: bool = False,
                  banned: Optional[str] = None, default: Optional[str] = None, native=None,
@@ -53,6 +54,10 @@ class OpRule:
         self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
         self.arg_names = tuple(a.name for a in op._schema.arguments)
+        #: Where a call's tensors can be, by its count of positional arguments (``_ops.tensor_walk``),
+        #: for the cast walk to look up rather than find per call; ``None``: found per call (a list
+        #: of tensors, ``out=``, or an input-only rule, whose first tensor depends on the device).
+        self.walk = None if input_only else _ops.tensor_walk(op)
         #: Whether a call passing a ``torch.dtype`` runs unchanged (``Policy.explicit_dtype`` is
         #: ``"leave"``, seed 003's rule, and the rule casts).
         self.leave_explicit = (explicit_dtype == "leave" and action in _CASTING and native is None

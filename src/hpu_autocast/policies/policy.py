@@ -59,6 +59,10 @@ class CastPolicy(enum.Enum):
     #: their first input, whose dtype cannot change) and, by HMP, to ops on no list.
     FIRST = "first"
 
+    # Members are singletons compared by identity: hashed so too, in C (Enum's own hash is a
+    # Python method, asked at each kernel call: _engine.kernels._TARGET is keyed by the member).
+    __hash__ = object.__hash__
+
     def __str__(self) -> str:
         return self.value
 
