@@ -23,7 +23,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="resolve a region's default device type to cuda, as on a machine with a GPU")
 
 
+#: [Note: engine_independent tests] A test marked ``engine_independent`` checks what neither the
+#: engine (the C++ core or the Python kernels) nor the default device type changes: an import's
+#: hygiene, a command that runs no region, a fresh interpreter that picks its engine itself. They
+#: are the suite's slowest (each starts interpreters), so CI's second run on one torch (the Python
+#: kernels, --as-if-cuda) leaves them out (``-m "not engine_independent"``, .ci/run); the runs
+#: with the C++ core, on each torch, keep them.
+ENGINE_INDEPENDENT = ("engine_independent: checks what neither the engine nor the default device type changes "
+                      "(CI's Python-kernel run leaves these out; Note: engine_independent tests)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", ENGINE_INDEPENDENT)
     if config.getoption("--as-if-cuda"):
         from hpu_autocast.policies import _devices
 

@@ -266,6 +266,7 @@ def test_a_fresh_interpreter_finds_the_default_device_type_this_one_does(machine
     assert run.stdout.strip() == machine_device
 
 
+@pytest.mark.engine_independent
 def test_the_suites_as_if_cuda_option_makes_the_default_device_cuda():
     # The option (tests/conftest.py) stands in for a GPU machine in CI: the tests above, run under
     # it, must find the default device type to be cuda, in this process and in one it starts, and

@@ -394,6 +394,7 @@ def _imports(code: str) -> set:
     return set(out.stdout.split())
 
 
+@pytest.mark.engine_independent
 def test_importing_testing_or_the_plugin_does_not_import_hypothesis():
     # One interpreter: the plugin alone (what pytest loads in every run) imports neither torch
     # nor hypothesis; hpu_autocast.testing imports torch, and hypothesis only for a strategy.
