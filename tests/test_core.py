@@ -208,12 +208,14 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
+@pytest.mark.engine_independent
 def test_an_unknown_engine_name_is_refused_naming_the_accepted_ones():
     r = _python("import hpu_autocast", HPU_AUTOCAST_ENGINE="fast")
     assert r.returncode != 0
     assert "HPU_AUTOCAST_ENGINE='fast': expected 'auto', 'c++' or 'python'" in r.stderr
 
 
+@pytest.mark.engine_independent
 def test_without_a_build_the_python_kernels_run_and_say_how_to_build_the_core(tmp_path):
     r = _python("import hpu_autocast._engine.core as c; print(c.ENGINE); print(c.REASON)",
                 HPU_AUTOCAST_ENGINE="auto", HPU_AUTOCAST_CORE_DIR=str(tmp_path))

@@ -251,16 +251,32 @@ def test_a_call_with_an_explicit_dtype_off_the_regions_device_is_not_reported():
                         reference=False)                # on the device, the policy's rule applies
 
 
+def _package_env() -> dict:
+    """This environment, with the hpu_autocast these tests import first on the path."""
+    package = Path(hpu_autocast.__file__).resolve().parents[1]
+    return dict(os.environ, PYTHONPATH=str(package) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def test_a_fresh_interpreter_finds_the_default_device_type_this_one_does(machine_device):
+    # Failed under --as-if-cuda on 4e732a3: the option reached this process only, so a test
+    # starting one (a CLI command, a script) ran as on a machine without a GPU.
+    code = "from hpu_autocast.policies import _devices; print(_devices.default_device_type())"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_package_env())
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == machine_device
+
+
+@pytest.mark.engine_independent
 def test_the_suites_as_if_cuda_option_makes_the_default_device_cuda():
-    # The option (tests/conftest.py) stands in for a GPU machine in CI: the test above, run under
-    # it, must find the default device type to be cuda and CPU tensors left alone. One run, so
-    # that a plain run of the suite checks the emulation too.
-    test = f"{Path(__file__).resolve()}::test_device_type_picks_the_tensors_a_region_casts"
-    package = Path(hpu_autocast.__file__).resolve().parents[1]  # the hpu_autocast these tests import
-    env = dict(os.environ, PYTHONPATH=str(package) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    run = subprocess.run([sys.executable, "-m", "pytest", "--as-if-cuda", "-p", "no:cacheprovider", test],
-                         capture_output=True, text=True, env=env)
-    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
+    # The option (tests/conftest.py) stands in for a GPU machine in CI: the tests above, run under
+    # it, must find the default device type to be cuda, in this process and in one it starts, and
+    # CPU tensors left alone. One run, so that a plain run of the suite checks the emulation too.
+    tests = [f"{Path(__file__).resolve()}::{name}" for name in (
+        "test_device_type_picks_the_tensors_a_region_casts",
+        "test_a_fresh_interpreter_finds_the_default_device_type_this_one_does")]
+    run = subprocess.run([sys.executable, "-m", "pytest", "--as-if-cuda", "-p", "no:cacheprovider", *tests],
+                         capture_output=True, text=True, env=_package_env())
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout + run.stderr
 
 
 # --- modes are values -----------------------------------------------------------------------------
@@ -367,10 +383,8 @@ def test_report_command_passes_on_a_scripts_exit_message(tmp_path):
     # Failed on 5407e8a: status 1, but the message of sys.exit("fatal: ...") was dropped.
     script = tmp_path / "s.py"
     script.write_text("import sys, torch\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\nsys.exit('fatal: no data')\n")
-    package = Path(hpu_autocast.__file__).resolve().parents[1]  # the hpu_autocast these tests import
-    env = dict(os.environ, PYTHONPATH=str(package) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     command = [sys.executable, "-m", "hpu_autocast", "report", "--device-type", "cpu", str(script)]
-    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    run = subprocess.run(command, capture_output=True, text=True, env=_package_env(), cwd=tmp_path)
     assert (run.returncode, run.stderr) == (1, "fatal: no data\n")  # as `python s.py` ends
     assert "aten.mm.default  lower" in run.stdout
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hpu_autocast import cli
@@ -28,6 +29,7 @@ _fake_habana.install(pytest.MonkeyPatch(), lazy=False, device_name="GAUDI2")
 """
 
 
+@pytest.mark.engine_independent
 def test_gaudi_check_prints_a_block_to_paste(tmp_path):
     (tmp_path / "habana_frameworks").mkdir()
     (tmp_path / "habana_frameworks" / "__init__.py").write_text(_BRIDGE)

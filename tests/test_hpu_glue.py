@@ -459,6 +459,7 @@ def test_installed_but_not_loaded_is_not_imported_by_the_mode(tmp_path, monkeypa
         assert hpu.default_device() == NOT_HPU
 
 
+@pytest.mark.engine_independent
 def test_importing_the_library_does_not_import_the_bridge(tmp_path):
     (tmp_path / "habana_frameworks").mkdir()
     (tmp_path / "habana_frameworks" / "__init__.py").write_text(_RAISING)

@@ -66,6 +66,7 @@ def test_every_public_name_is_documented(name):
     assert doc and doc.strip(), f"hpu_autocast.{name} has no docstring"
 
 
+@pytest.mark.engine_independent
 def test_the_package_imports_no_framework_and_says_what_a_recipe_needs():
     # In a fresh process: `import hpu_autocast` and `hpu_autocast.integrations` load no Lightning;
     # with Lightning missing (None in sys.modules reads as not installed; both packages, as a GPU

@@ -84,6 +84,7 @@ def test_training_step_matches_native(name, dtype):
     _assert_train_steps_equal(a, b)
 
 
+@pytest.mark.engine_independent  # native against float32: no region runs
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_native_autocast_changes_every_model(name):
     # The comparisons above have teeth: for every architecture, native autocast's step differs

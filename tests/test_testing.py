@@ -394,6 +394,7 @@ def _imports(code: str) -> set:
     return set(out.stdout.split())
 
 
+@pytest.mark.engine_independent
 def test_importing_testing_or_the_plugin_does_not_import_hypothesis():
     # One interpreter: the plugin alone (what pytest loads in every run) imports neither torch
     # nor hypothesis; hpu_autocast.testing imports torch, and hypothesis only for a strategy.
@@ -484,3 +485,61 @@ def test_ignore_takes_one_why_as_a_string(ignore):
     fn = lambda x: torch.softmax(x, -1, dtype=torch.float32)  # noqa: E731
     assert check_policy(fn, torch.randn(2, 3), policy=leave)  # the oracle: there is a deviation to ignore
     assert not check_policy(fn, torch.randn(2, 3), policy=leave, ignore=ignore)
+
+
+# --- the two float32 dtype kinds: checked as FP32 is -----------------------------------------------
+#: sum sets an unset dtype= to float32, norm.Scalar goes to norm.ScalarOpt_dtype with float32:
+#: neither casts its input, both compute in float32, as an FP32 op does. (norm.Scalar is called as
+#: itself: torch.norm reaches linalg_vector_norm instead.)
+KIND_OPS = {"sum": (torch.sum, aten.sum.default), "norm": (aten.norm.Scalar, aten.norm.Scalar)}
+DTYPE_KINDS = hpu_autocast.build_policy("dtype kinds", fp32_set_opt_dtype=["sum"], fp32_append_dtype=["norm"],
+                                        device_type="cpu")
+
+
+@pytest.mark.parametrize("op", KIND_OPS)
+def test_the_float32_dtype_kinds_follow_their_policy_on_float32_inputs(op):
+    assert not check_policy(lambda x: KIND_OPS[op][0](x), torch.randn(2, 3), policy=DTYPE_KINDS)
+
+
+@pytest.mark.parametrize("op", KIND_OPS)
+def test_the_float32_dtype_kinds_report_float64_inputs(op):
+    call, overload = KIND_OPS[op]
+    # The first argument is float64, not eligible: the op runs in float64 (the policy intends f32).
+    (d,) = check_policy(lambda x: call(x.double()), torch.randn(2, 3), policy=DTYPE_KINDS)
+    assert (d.kind, d.op, d.why, d.compute, d.expected) == (Kind.DTYPE, overload, "the model's own cast",
+                                                            torch.float64, torch.float32)
+
+
+def test_fp32_set_opt_dtype_reports_a_dtype_the_call_sets():
+    # The rule keeps a dtype= the call gives (ATen's set_opt_dtype): sum ran in bfloat16.
+    found = check_policy(lambda x: x.sum(dtype=torch.bfloat16), torch.randn(2, 3), policy=DTYPE_KINDS)
+    assert str(found) == ("1 deviation from policy 'dtype kinds' (bf16):\n"
+                          "  dtype  -  aten.sum.default  f32 -> bf16, policy f32: explicit dtype")
+    assert not check_policy(lambda x: x.sum(dtype=torch.bfloat16), torch.randn(2, 3), policy=DTYPE_KINDS,
+                            ignore="explicit dtype")
+
+
+@pytest.mark.parametrize("op", KIND_OPS)
+def test_the_float32_dtype_kinds_report_rounded_inputs(op):
+    call, overload = KIND_OPS[op]
+    # Nothing is cast: the op reads the model's bfloat16 value as it is (and computes in f32).
+    (d,) = check_policy(lambda x: call(F.relu(x.bfloat16())), torch.randn(4), policy=DTYPE_KINDS)
+    assert (d.kind, d.op, d.why, d.source) == (Kind.ROUNDED, overload, "the model's own cast",
+                                               "self: f32 -> bf16 outside modules")
+    # The caller's bfloat16 input, likewise.
+    (d,) = check_policy(lambda x: KIND_OPS[op][0](x), torch.randn(4).bfloat16(), policy=DTYPE_KINDS)
+    assert (d.kind, d.op, d.why, d.source) == (Kind.ROUNDED, overload, "lower-precision inputs",
+                                               "self: the caller's input inputs[0]")
+
+
+@pytest.mark.parametrize("op", KIND_OPS)
+def test_the_float32_dtype_kinds_report_a_disabled_block(op):
+    call, overload = KIND_OPS[op]
+    # No event in a disabled region of its own: the call is seen below the engine, in bfloat16.
+    def fn(x):
+        with hpu_autocast.disable_casts():
+            return call(x.bfloat16())
+
+    found = check_policy(fn, torch.randn(4), policy=DTYPE_KINDS)
+    assert [(d.kind, d.op, d.why, d.compute, d.expected) for d in found] == [
+        (Kind.DTYPE, overload, "disabled block", torch.bfloat16, torch.float32)]

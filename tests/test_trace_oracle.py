@@ -15,6 +15,8 @@ It runs under whichever engine is active (CI runs the suite under each).
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import itertools
 import warnings
 from typing import Callable, Dict, List, Tuple
@@ -78,13 +80,28 @@ def _op_names(device: str) -> List[str]:
     return sorted({op_base_name(op) for op in registered_for(DEVICES[device])} - NOT_SAMPLED)
 
 
-def samples(name: str) -> List[Tuple[Callable, tuple, dict]]:
-    """Float32 calls of ``name``: its OpInfos' first samples, then the project's sample."""
+def _opinfo_samples(name: str) -> List[Tuple[Callable, tuple, dict]]:
     out = []
     for info in OPINFOS.get(name, []):
         if torch.float32 in info.supported_dtypes("cpu"):
             for s in itertools.islice(info.sample_inputs("cpu", torch.float32), OPINFO_SAMPLES):
                 out.append((info.op, (s.input,) + tuple(s.args), dict(s.kwargs)))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _opinfo_samples_once(name: str) -> List[Tuple[Callable, tuple, dict]]:
+    # Made once per op for its four cases (two devices, two dtypes; no case writes its inputs: each
+    # is run by native and by the engine alike), and in a thread of its own: OpInfo's
+    # sample_inputs looks for a unittest test up the caller's stack (inspect.stack(), which reads
+    # the source of every frame), 0.1 s a call under pytest's stack, a thread's own stack is short.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(_opinfo_samples, name).result()
+
+
+def samples(name: str) -> List[Tuple[Callable, tuple, dict]]:
+    """Float32 calls of ``name``: its OpInfos' first samples, then the project's sample."""
+    out = list(_opinfo_samples_once(name))
     own = SAMPLE_ALIASES.get(name, name)
     if own in SAMPLES:
         out.append(build(own))

@@ -11,6 +11,7 @@ candidates).
 
 from __future__ import annotations
 
+import os
 import sys
 from operator import attrgetter
 from typing import Callable, Optional, Tuple
@@ -99,12 +100,20 @@ def default_cache_enabled(device_type: str) -> bool:
 
 _cuda: Optional[bool] = None
 
+#: [Note: the test suite's GPU emulation] The suite's ``--as-if-cuda`` (tests/conftest.py) runs it
+#: as if on a machine with a GPU: in its own process it sets ``_cuda``; for the fresh interpreters
+#: its tests start (a CLI command, a script) it sets this environment variable, which
+#: ``_cuda_available`` reads, so that they resolve a region's default device type to ``cuda``
+#: too. For the suite only: it makes no tensor a CUDA one.
+AS_IF_CUDA_ENV = "HPU_AUTOCAST_TEST_AS_IF_CUDA"
+
 
 def _cuda_available() -> bool:
-    """``torch.cuda.is_available()``, asked once (it costs ~1 us, a sixth of a region's entry)."""
+    """``torch.cuda.is_available()``, asked once (it costs ~1 us, a sixth of a region's entry);
+    true also under the suite's GPU emulation (Note: the test suite's GPU emulation)."""
     global _cuda
     if _cuda is None:
-        _cuda = torch.cuda.is_available()
+        _cuda = torch.cuda.is_available() or os.environ.get(AS_IF_CUDA_ENV) == "1"
     return _cuda
 
 

@@ -14,9 +14,11 @@ events cannot say:
   region is reported by the engine, ``ineligible: disabled``.)
 
 [Note: which deviations are reported]
-A listed op's intended dtype is the region's lower dtype (``lower``) or float32 (``fp32``);
-``promote`` and ``first`` intend a dtype relative to the inputs, so only their eligibility is
-not checked. An integer-only call whose result is an integer is exact and not reported; one whose
+A listed op's intended dtype is the region's lower dtype (``lower``) or float32 (``fp32``, and
+the two dtype kinds ``fp32_set_opt_dtype`` and ``fp32_append_dtype``, which cast nothing but
+make the op compute in float32: a dtype argument the call sets is kept, and reported as an
+explicit dtype); ``promote`` and ``first`` intend a dtype relative to the inputs, so only their
+eligibility is not checked. An integer-only call whose result is an integer is exact and not reported; one whose
 result is floating (``int_tensor * 0.5`` under a lower ``mul``) is. An FP32-list op receiving
 lower-precision values is the policy's own doing when a lower op made them (that is what mixed
 precision is), so only values the policy did not round are reported: a lower-precision
@@ -51,6 +53,10 @@ _F64 = torch.float64
 _F32 = torch.float32
 _LOW = (torch.bfloat16, torch.float16)
 _TO_COPY = _torch.TO_COPY
+#: The cast kinds whose op computes in float32: FP32 casts its eligible inputs; the two dtype kinds
+#: cast nothing, they set (FP32_SET_OPT_DTYPE) or append (FP32_APPEND_DTYPE) dtype=float32.
+_FLOAT32_KINDS = (CastPolicy.FP32, CastPolicy.FP32_SET_OPT_DTYPE, CastPolicy.FP32_APPEND_DTYPE)
+_DTYPE_KINDS = _FLOAT32_KINDS[1:]
 _current_node = _torch.current_autograd_node
 
 
@@ -252,7 +258,7 @@ class Watch:
         self._find_nonfinite = find_nonfinite
         self.nonfinite_at: Optional[Deviation] = None
         self._tables = {a: frozenset(op for op, x in policy.table.items() if x is a)
-                        for a in (CastPolicy.LOWER, CastPolicy.FP32)}
+                        for a in (CastPolicy.LOWER,) + _FLOAT32_KINDS}
         self._seen_modules: set = set()
 
     # -- findings
@@ -273,12 +279,13 @@ class Watch:
         """The dtype ``action`` gives, where it gives one (``promote`` and ``first`` do not)."""
         if action is CastPolicy.LOWER:
             return cast_dtype(_mode.get_dtype() or self.dtype)  # an fp8 region's outputs are bfloat16
-        return _F32 if action is CastPolicy.FP32 else None
+        return _F32 if action in _FLOAT32_KINDS else None
 
     def _action(self, op: OpOverload) -> Optional[CastPolicy]:
-        if op in self._tables[CastPolicy.LOWER]:
-            return CastPolicy.LOWER
-        return CastPolicy.FP32 if op in self._tables[CastPolicy.FP32] else None
+        for action, ops in self._tables.items():
+            if op in ops:
+                return action
+        return None
 
     # -- origins
     def _entered(self, module: torch.nn.Module, path: str) -> None:
@@ -330,13 +337,15 @@ class Watch:
                 # Some inputs were cast, a float64 one was not: the op ran in float64 (or failed),
                 # whatever the event's compute says.
                 self._float64(op, module, event.inputs, _F64, expected, args)
+            elif event.action in _DTYPE_KINDS and event.compute is not _F32:
+                # A dtype argument the call set, which these kinds keep: the op ran in it.
+                self.add(Deviation(Kind.DTYPE, op, module, EXPLICIT, event.inputs, event.compute, expected))
             elif expected is _F32:
-                for c in event.casts:
-                    if c.from_dtype in _LOW:
-                        o = self._origins.get(c.tensor)
-                        if o is not None and o.dtype is c.from_dtype:
-                            self.add(Deviation(Kind.ROUNDED, op, module, o.why, event.inputs, _F32, _F32,
-                                               f"{c.arg}: {o.source}"))
+                for arg, t in _float32_inputs(event):
+                    o = self._origins.get(t)
+                    if t.dtype in _LOW and o is not None and o.dtype is t.dtype:
+                        self.add(Deviation(Kind.ROUNDED, op, module, o.why, event.inputs, _F32, _F32,
+                                           f"{arg}: {o.source}"))
 
     def _float64(self, op, module, inputs, compute, expected, args) -> None:
         o = self._origin(args, _F64)
@@ -418,6 +427,16 @@ class Watch:
             raise
         finally:
             self._last_cast = None
+
+
+def _float32_inputs(event: Event) -> List[Tuple[str, torch.Tensor]]:
+    """The inputs a float32-kind op read, as ``(argument, tensor before any cast)``: FP32's cast
+    ones (its event lists them), or the two dtype kinds' first argument, which they do not cast
+    (the op reads it as it is and computes in float32)."""
+    if event.action is CastPolicy.FP32:
+        return [(c.arg, c.tensor) for c in event.casts]
+    first = event.args[0] if event.args else None
+    return [(event.op._schema.arguments[0].name, first)] if isinstance(first, torch.Tensor) else []
 
 
 def _with_calls(d: Deviation, n: int) -> Deviation:
