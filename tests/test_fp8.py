@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, record
 from hpu_autocast.policies.recipes import Delayed, Tensorwise
 from hpu_autocast.policies.policy import CastPolicy
+from hpu_autocast import _torch
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +28,8 @@ def without_a_gpu(monkeypatch):
 
 
 FP8 = torch.float8_e4m3fn
-pytestmark = pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="no torch._scaled_mm")
+pytestmark = pytest.mark.skipif(not _torch.scaled_mm_runs_on("cpu"),
+                                reason=f"torch {torch.__version__} has no torch._scaled_mm for CPU tensors")
 
 
 def _rel(a, b):
@@ -107,6 +109,34 @@ def test_shapes_scaled_mm_does_not_take_fall_back_to_bf16_and_the_report_names_t
     assert by == {"bf16": 2 * 32 * 64 * 30, "f8e4m3": 2 * 32 * 64 * 32}
     assert any("aten.mm.default ran in bf16, not fp8" in w and "(32, 64, 30)" in w for w in report.warnings)
     assert out.dtype is torch.bfloat16
+
+
+def test_a_torch_whose_scaled_mm_has_no_kernel_for_the_device_falls_back_to_bf16_and_says_so(monkeypatch):
+    # torch 2.4.1's _scaled_mm runs on CUDA alone: there a CPU fp8 region raised NotImplementedError
+    # from inside the GEMM. Now the GEMM runs in bf16 and the report says why.
+    monkeypatch.setattr(_torch, "scaled_mm_runs_on", lambda device_type: False)
+    a, b = torch.randn(32, 64), torch.randn(64, 32)
+    with record(FP8) as rec:
+        out = torch.mm(a, b)
+    report = rec.report()
+    assert out.dtype is torch.bfloat16 and report.flops_by_dtype == {"bf16": 2 * 32 * 64 * 32}
+    assert any("torch._scaled_mm has no kernel for cpu tensors" in w for w in report.warnings), report.warnings
+
+
+def test_torch_2_4s_scaled_mm_is_called_with_its_keywords_and_its_pair_unwrapped(monkeypatch):
+    # torch 2.4's signature: (self, mat2, *, bias, out_dtype, scale_a, scale_b, ...) -> (out, amax).
+    seen = {}
+
+    def scaled_mm_2_4(a, b, *, bias=None, out_dtype=None, scale_a=None, scale_b=None):
+        seen.update(bias=bias, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b)
+        return torch.ones(2, 2), torch.tensor(0.0)
+
+    monkeypatch.setattr(_torch, "_scaled_mm", scaled_mm_2_4)
+    monkeypatch.setattr(_torch, "_SCALES_BY_KEYWORD", True)
+    sa, sb = torch.tensor(2.0), torch.tensor(3.0)
+    out = _torch.scaled_mm(torch.zeros(2, 2), torch.zeros(2, 2), sa, sb, out_dtype=torch.bfloat16)
+    assert torch.equal(out, torch.ones(2, 2))
+    assert seen == {"bias": None, "out_dtype": torch.bfloat16, "scale_a": sa, "scale_b": sb}
 
 
 def test_a_float64_gemm_is_left_alone():

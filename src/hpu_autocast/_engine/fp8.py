@@ -255,6 +255,8 @@ def route(call) -> torch.dtype:
         why = "an input the region does not cast (float64, another device)"
     elif not _torch.HAS_SCALED_MM:
         why = f"torch {torch.__version__} has no torch._scaled_mm"
+    elif not _torch.scaled_mm_runs_on(call.frame.region.device_type):
+        why = f"torch {torch.__version__}'s torch._scaled_mm has no kernel for {call.frame.region.device_type} tensors"
     else:
         try:
             why = shape(*call.args, **call.kwargs)

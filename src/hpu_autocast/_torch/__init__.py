@@ -44,7 +44,10 @@ name (``torch._C.``)                        use; fallback
                                             missing: none covered
 ``torch._ops._compute_keyset``              a higher-order operator's key set; missing: ``None``
 ``torch._scaled_mm``                        fp8 regions' GEMMs (``scaled_mm``; checked on 2.13.0,
-                                            CPU); missing: ``scaled_mm`` raises, naming the torch
+                                            CPU, and 2.4.1, whose takes the scales by keyword,
+                                            returns a pair and has no CPU kernel:
+                                            ``scaled_mm_runs_on``); missing: ``scaled_mm``
+                                            raises, naming the torch
 ==========================================  ==================================================
 
 Public in use, but under private paths (present on 2.4.1, 2.13.0 and 2.14.1; required, no
@@ -103,7 +106,8 @@ __all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset
            "OptionalType", "ListType", "TensorBase", "c_function_namespace", "native_autocast_enabled", "set_native_autocast_enabled",
            "native_autocast_dtype", "set_native_autocast_dtype", "autocast_cache_enabled",
            "set_autocast_cache_enabled", "increment_autocast_nesting", "decrement_autocast_nesting",
-           "clear_native_autocast_cache", "wrap_autograd", "unwrap_autograd", "scaled_mm", "HAS_SCALED_MM"]
+           "clear_native_autocast_cache", "wrap_autograd", "unwrap_autograd", "scaled_mm", "HAS_SCALED_MM",
+           "scaled_mm_runs_on"]
 
 _C = torch._C
 
@@ -126,6 +130,17 @@ TO_COPY = torch.ops.aten._to_copy.default
 _scaled_mm = getattr(torch, "_scaled_mm", None)
 #: Whether this torch has ``torch._scaled_mm`` (fp8 regions need it).
 HAS_SCALED_MM = _scaled_mm is not None
+#: torch 2.4's ``_scaled_mm`` takes the scales by keyword and returns ``(product, amax)``; from
+#: 2.5 on they are positional and it returns the product alone.
+_SCALES_BY_KEYWORD = HAS_SCALED_MM and torch.ops.aten._scaled_mm.default._schema.arguments[2].kwarg_only
+_SCALED_MM_BACKENDS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def scaled_mm_runs_on(device_type: str) -> bool:
+    """Whether ``torch._scaled_mm`` has a kernel for ``device_type``'s tensors: torch 2.4's has
+    CUDA's alone. (A device type not named here is the bridge's or unknown: true.)"""
+    key = _SCALED_MM_BACKENDS.get(device_type)
+    return HAS_SCALED_MM and (key is None or _C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm", key))
 
 
 def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
@@ -135,6 +150,8 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
     if _scaled_mm is None:
         raise RuntimeError(f"fp8 regions need torch._scaled_mm, which torch {torch.__version__} lacks; "
                            "accepted: a torch that has it (2.4 or later), or a bfloat16 region")
+    if _SCALES_BY_KEYWORD:
+        return _scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)[0]
     return _scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
 
 # -- torch's own autocast state, as its C functions (the Python ones answer for a region) --------
