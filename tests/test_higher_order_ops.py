@@ -62,6 +62,7 @@ def _forward_and_backward_as_native(fn, inputs, compiled: bool, observing: bool,
     if not isinstance(results["native"], tuple):
         assert all(isinstance(r, errors) for r in results.values()), results
         return None
+    assert all(isinstance(r, tuple) for r in results.values()), f"native ran, a region raised: {results}"
     for name in results:
         for x, y in zip(results[name], results["native"]):
             _same(x, y)
@@ -98,7 +99,15 @@ def _cond_opted_out(a, b):
     return torch.cond(a.sum() > 0, opted_out, lambda a, b: (torch.mm(b, a),), (a, b))[0]
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+#: torch before 2.9 (seen on 2.6.0): aot_eager refuses the differentiated branch graph the region
+#: traces ("Unexpected fake buffer true_graph_0._tensor_constant0"), where native compiles it;
+#: 2.9.1, 2.11, 2.13 and 2.14.1 pass, and on 2.4 both raise (its cond has no autograd).
+_OLD_COMPILED_COND = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.xfail(
+    _OLD_COMPILED_COND, reason="torch < 2.9: aot_eager refuses the region's branch graph", strict=False))],
+    ids=["eager", "compiled"])
 def test_cond_with_an_opt_out_in_a_branch_differentiated_after_the_region_is_native(compiled):
     # Native traces the branch's backward again with its autocast key on, the backward formulas
     # included: the opted-out mm's backward mm computes in bf16. Failed before (issue 31, item
