@@ -261,14 +261,12 @@ class Keys:
                 + ". Regions that do not observe still cast")
         self.all_name, self.all_device = free[0]
         self.all = getattr(_DK, self.all_name)
-        self._both = _keyset(self.ops, self.all)
-
         self._guards()
 
     def _guards(self) -> None:
         #: ``excluded()``: a guard; while open, this thread's dispatch excludes both keys, with
-        #: ``KeyGuard``'s restoring rule (torch's C++ guard, where torch has it: one C call, on
-        #: every cast op's path).
+        #: ``KeyGuard``'s restoring rule (torch's C++ guard, where torch has it: one C call).
+        #: Rebuilt when the observing key moves.
         both = (self.ops, self.all)
         self.excluded = (functools.partial(KeyGuard, both) if _exclude_guard is None else
                          functools.partial(_exclude_guard, _keyset(*both)))
