@@ -136,9 +136,11 @@ _SCALES_BY_KEYWORD = HAS_SCALED_MM and torch.ops.aten._scaled_mm.default._schema
 _SCALED_MM_BACKENDS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
+@functools.lru_cache(maxsize=None)
 def scaled_mm_runs_on(device_type: str) -> bool:
     """Whether ``torch._scaled_mm`` has a kernel for ``device_type``'s tensors: torch 2.4's has
-    CUDA's alone. (A device type not named here is the bridge's or unknown: true.)"""
+    CUDA's alone. (A device type not named here is the bridge's or unknown: true.) Asked of the
+    dispatcher once per device type: an fp8 region's router asks it at every GEMM."""
     key = _SCALED_MM_BACKENDS.get(device_type)
     return HAS_SCALED_MM and (key is None or _C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm", key))
 
