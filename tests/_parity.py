@@ -47,6 +47,13 @@ def _named(*shape: int) -> torch.Tensor:
         return r(*shape).refine_names(*"NC"[: len(shape)])
 
 
+def unnamed(ops) -> list:
+    """``ops`` (in their order) less the overloads that take a dimension by name: up to torch 2.11
+    the Dimname twins (``norm.names_ScalarOpt_dim``, ``sum.dim_DimnameList``) are operators, and a
+    packet names them too. (A ``Dimname`` argument reads ``str`` in the schema torch prints.)"""
+    return [op for op in ops if not any(a.name == "dim" and "str" in str(a.type) for a in op._schema.arguments)]
+
+
 def _if_registered(packet: str, calls: Dict[str, Callable[[], Call]]) -> Dict[str, Call]:
     """The calls whose overload this torch's CPU autocast registers: the Dimname overloads of
     prod and index_copy are registered on torch 2.9, not on 2.13 (which has no named tensors);

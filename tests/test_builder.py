@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from _parity import unnamed
 from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, build_policy, get_preset, with_lists
 from hpu_autocast.policies.builder import policy_from_env, policy_from_files, read_list
 
@@ -325,17 +326,11 @@ def test_other_presets_apply_every_name(fresh_warnings):
     assert not policy.c_names_only and policy.ignored == ()
 
 
-def _unnamed(ops: list) -> list:
-    """``ops`` less the overloads that take a dimension by name: up to torch 2.11 the Dimname twins
-    (``norm.names_ScalarOpt_dim``, ``sum.dim_DimnameList``) are operators, and a packet names them too."""
-    return [op for op in ops if not any(a.name == "dim" and "str" in str(a.type) for a in op._schema.arguments)]
-
-
 def test_the_float32_dtype_lists_build_by_keyword_and_conflict_loudly():
     policy = build_policy("dtypes", fp32=["exp"], fp32_set_opt_dtype=["softmax"], fp32_append_dtype=["norm"])
     assert policy.table[torch.ops.aten.softmax.int] is CastPolicy.FP32_SET_OPT_DTYPE
     # Of norm's overloads, those ATen's redispatch table has: the dtype-taking ones cannot take it.
-    assert _unnamed(policy.ops(CastPolicy.FP32_APPEND_DTYPE)) == [torch.ops.aten.norm.Scalar,
+    assert unnamed(policy.ops(CastPolicy.FP32_APPEND_DTYPE)) == [torch.ops.aten.norm.Scalar,
                                                                   torch.ops.aten.norm.ScalarOpt_dim]
     with pytest.raises(PolicyError, match=r"^aten.softmax.int is on both the FP32 list, as 'softmax', and the "
                                           r"fp32_set_opt_dtype list, as 'softmax'; remove it from one"):
@@ -351,7 +346,7 @@ def test_with_lists_replaces_a_float32_dtype_list_and_a_given_list_wins_over_a_k
     moved = with_lists(cuda, fp32=[*map(str, cuda.ops(CastPolicy.FP32)), "aten.softmax.int"])
     assert moved.table[softmax] is CastPolicy.FP32 and moved.table[sum_op] is CastPolicy.FP32_SET_OPT_DTYPE
     only_sum = with_lists(cuda, fp32_set_opt_dtype=["sum"])
-    assert _unnamed(only_sum.ops(CastPolicy.FP32_SET_OPT_DTYPE)) == [sum_op, torch.ops.aten.sum.dim_IntList]
+    assert unnamed(only_sum.ops(CastPolicy.FP32_SET_OPT_DTYPE)) == [sum_op, torch.ops.aten.sum.dim_IntList]
     assert softmax not in only_sum.table
     with pytest.raises(PolicyError, match="is on both the lower-precision list"):
         with_lists(cuda, lower=["sum"], fp32_set_opt_dtype=["sum"])

@@ -7,18 +7,9 @@ import torch
 
 from hpu_autocast import CastPolicy, get_preset
 from hpu_autocast.policies.presets import torch_amp_cuda as cuda_data
+from _parity import unnamed
 from test_presets import _ops, torch_doc_lists
 
-
-
-def _by_name(op) -> bool:
-    # A Dimname argument reads "str" in the schema torch 2.11 prints.
-    return any(a.name == "dim" and "str" in str(a.type) for a in op._schema.arguments)
-
-
-def _unnamed(ops) -> set:
-    """``ops`` less the overloads that take a dimension by name (``Dimname``)."""
-    return {op for op in ops if not _by_name(op)}
 
 def test_torch_cuda_lists_are_seed_003s():
     lower, fp32, promote = torch_doc_lists("cuda")
@@ -42,9 +33,9 @@ def test_torch_cuda_lists_are_seed_003s():
     assert set(policy.ops(CastPolicy.FP32)) == kept(fp32 + cuda_data.REGISTERED_FP32) - set_opt - append
     # Up to torch 2.11 the Dimname twins (prod.dim_Dimname, norm.names_ScalarOpt_dim, ...) are
     # operators too, registered beside the others: counted apart.
-    assert set(policy.ops(CastPolicy.FP32_SET_OPT_DTYPE)) == set_opt and len(_unnamed(set_opt)) == 11
+    assert set(policy.ops(CastPolicy.FP32_SET_OPT_DTYPE)) == set_opt and len(unnamed(set_opt)) == 11
     assert set(policy.ops(CastPolicy.FP32_APPEND_DTYPE)) == append
-    assert _unnamed(append) == {torch.ops.aten.norm.Scalar, torch.ops.aten.norm.ScalarOpt_dim}
+    assert set(unnamed(append)) == {torch.ops.aten.norm.Scalar, torch.ops.aten.norm.ScalarOpt_dim}
     assert torch.ops.aten.div.Tensor not in policy.table  # __rdiv__ is reciprocal(self) * other
     assert torch.ops.aten.reciprocal.default in policy.table
 
