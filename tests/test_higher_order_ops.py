@@ -102,7 +102,7 @@ def _cond_opted_out(a, b):
 #: torch before 2.9 (seen on 2.6.0): aot_eager refuses the differentiated branch graph the region
 #: traces ("Unexpected fake buffer true_graph_0._tensor_constant0"), where native compiles it;
 #: 2.9.1, 2.11, 2.13 and 2.14.1 pass, and on 2.4 both raise (its cond has no autograd).
-_OLD_COMPILED_COND = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 9)
+_OLD_COMPILED_COND = torch.__version__ < (2, 9)  # torch's TorchVersion compares with a tuple
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.xfail(
