@@ -30,9 +30,10 @@ from hpu_autocast import PolicyError, Recorder, get_preset  # noqa: E402
 from hpu_autocast.integrations.lightning import (  # noqa: E402
     LIGHTNING, HpuAutocastFabricPrecision, HpuAutocastPrecision, MixedPrecision)
 
-# The Trainer of the package the plugins subclass: `lightning` where it is installed beside
+# The Trainer and Fabric of the package the plugins subclass: `lightning` where it is installed beside
 # pytorch-lightning (a GPU machine's image has both), as a user's Trainer must be.
 pl = importlib.import_module("lightning.pytorch" if LIGHTNING == "lightning" else "pytorch_lightning")
+fabric_package = importlib.import_module("lightning.fabric" if LIGHTNING == "lightning" else "lightning_fabric")
 MisconfigurationException = importlib.import_module(f"{pl.__name__}.utilities.exceptions").MisconfigurationException
 
 # Lightning 2.6 builds torch.utils._pytree.LeafSpec, which torch 2.13 deprecates: noise from
@@ -375,10 +376,7 @@ def test_the_plugins_come_from_pytorch_lightning_without_lightning(monkeypatch):
 
 def _fabric_fit(**fabric_kwargs):
     """A few Fabric training steps; the weights and, per forward, the region's dtype and the output's."""
-    from hpu_autocast.integrations import lightning as plugins
-    Fabric = (__import__("lightning.fabric", fromlist=["Fabric"]) if plugins.LIGHTNING == "lightning"
-              else __import__("lightning_fabric", fromlist=["Fabric"])).Fabric
-    fabric = Fabric(accelerator="cpu", devices=1, **fabric_kwargs)
+    fabric = fabric_package.Fabric(accelerator="cpu", devices=1, **fabric_kwargs)
     pl.seed_everything(0, verbose=False)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
     seen = []
