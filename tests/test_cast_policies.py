@@ -91,8 +91,12 @@ def test_the_trace_tells_the_policies_apart():
 F32, BF16, F64 = torch.float32, torch.bfloat16, torch.float64
 
 
+#: An op with a keyword-only tensor input, where this torch has it (CPU flash attention, torch 2.3+).
+_SDPA_NAME = [n for n in ("_scaled_dot_product_flash_attention_for_cpu",) if hasattr(torch.ops.aten, n)]
+
+
 def _spec_policy(explicit_dtype: str):
-    return build_policy(f"spec ({explicit_dtype})", lower=["mm"], fp32=["exp", "prod"], promote=["cat", "add_"],
+    return build_policy(f"spec ({explicit_dtype})", lower=["mm", *_SDPA_NAME], fp32=["exp", "prod"], promote=["cat", "add_"],
                         fp32_set_opt_dtype=["sum", "softmax", "cumsum"], fp32_append_dtype=["norm"],
                         device_type="cpu", explicit_dtype=explicit_dtype)
 
@@ -135,6 +139,19 @@ SPEC = {
     "explicit dtype cast": (lambda x: x.prod(dtype=F64), lambda x, d: _low(x, F32).prod(dtype=F64), "cast"),
 }
 
+if _SDPA_NAME:
+    # A keyword-only tensor input (attn_mask): the walk finds it per call, after the positional ones.
+    _SDPA = getattr(torch.ops.aten, _SDPA_NAME[0]).default
+    _K, _V = torch.randn(1, 1, 4, 6), torch.randn(1, 1, 4, 6)
+
+    def _sdpa(x: torch.Tensor, cast) -> torch.Tensor:
+        q, mask = x.view(1, 1, 4, 6), x[:, :4].reshape(1, 1, 4, 4)
+        mask, v, k, q = cast(mask), cast(_V), cast(_K), cast(q)  # last to first (Note [the order of casts])
+        return _SDPA(q, k, v, attn_mask=mask)[0]
+
+    SPEC["lower keyword-only attn_mask"] = (lambda x: _sdpa(x, lambda t: t), lambda x, d: _sdpa(x, lambda t: _low(t, d)),
+                                            "any")
+
 if hasattr(torch.ops.aten.norm, "names_ScalarOpt_dim"):
     # The Dimname twin: an operator up to torch 2.11, registered for AutocastCUDA there (found on a
     # GPU machine); named tensors run on CPU only, so only this spec checks it.
@@ -168,6 +185,19 @@ def test_each_cast_policy_follows_atens_rule(name, explicit, inputs, engine):
             ours = fn(x)
         expected = control(x, BF16)
         assert ours.dtype == expected.dtype and torch.equal(ours, expected)
+
+
+@pytest.mark.skipif(not _SDPA_NAME, reason="this torch has no CPU flash attention op")
+def test_a_keyword_only_input_is_cast_and_reported_in_argument_order():
+    # The keyword tensor is one more slot of the walk: cast through the cache like the others, and
+    # named by its keyword in the event, after the positional ones.
+    x = torch.randn(4, 6)
+    events = []
+    with HpuAutocastMode(BF16, policy=_spec_policy("cast"), observer=events.append):
+        _sdpa(x, lambda t: t)
+    (event,) = [e for e in events if e.op is _SDPA]
+    assert [(c.arg, c.from_dtype, c.to_dtype) for c in event.casts] == [
+        (name, F32, BF16) for name in ("query", "key", "value", "attn_mask")]
 
 
 class _Nothing:

@@ -1,11 +1,11 @@
 """The cast walk's looked-up positions (``OpRule.walk``, from ``_ops.tensor_walk``): where a call's
 tensors can be, read from the schema once, must be where the walk finds them per call
-(``_positions`` without the plan) for every overload a preset has a rule for."""
+(``_walk.positions`` without the plan) for every overload a preset has a rule for."""
 
 import pytest
 import torch
 
-from hpu_autocast._engine import kernels
+from hpu_autocast._engine import walk as _walk
 from hpu_autocast.policies import _ops
 from hpu_autocast.policies._table import OpRule, compile_policy
 from hpu_autocast.policies.builder import as_policy
@@ -56,7 +56,7 @@ def test_the_walk_is_where_the_walk_finds_tensors_per_call(preset):
             continue
         args = _full_call(op)
         for n in range(len(args) + 1):
-            found = kernels._positions(_without_walk(rule), args[:n], {}, "cpu")
+            found = _walk.positions(_without_walk(rule), args[:n], {}, "cpu")
             # (per call, a list argument is looked into too: an int[] holds no tensor)
             assert tuple(i for i in found if _holds_tensor(args[i])) == rule.walk[n], (op, n)
             checked += 1

@@ -20,7 +20,7 @@ region (``_core.region_for``).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -225,8 +225,8 @@ _WEIGHT = {_aten.linear.default: 1, _aten.mm.default: 1, _aten.addmm.default: 2,
 
 
 class Gemm:
-    """The fp8 product that replaces a GEMM's overload in a call (``_kernels._Call.op``): called
-    as the overload would be, on the call's arguments cast to bfloat16."""
+    """The fp8 product that replaces a GEMM's overload in a call (``route``): called as the
+    overload would be, on the call's arguments cast to bfloat16."""
 
     __slots__ = ("_product", "_histories")
 
@@ -237,36 +237,31 @@ class Gemm:
         return self._product(self._histories, *args, **kwargs)
 
 
-def route(call) -> torch.dtype:
-    """The LOWER target of a call in an fp8 region (Note: fp8 regions): bfloat16; for a GEMM that
-    ``_scaled_mm`` takes, ``call.op`` becomes its ``Gemm`` and ``call.compute`` e4m3, for one it
-    does not, ``call.reason`` says why."""
-    entry = _GEMMS.get(call.op)
+def route(frame, op, args: tuple, kwargs: dict) -> Tuple[object, Optional[str]]:
+    """What runs a LOWER call in an fp8 region (Note: fp8 regions), on its inputs cast to
+    bfloat16, and why: for a GEMM that ``_scaled_mm`` takes, its ``Gemm``; else ``op``, with the
+    reason where ``op`` is a GEMM (``None`` for any other op)."""
+    entry = _GEMMS.get(op)
     if entry is None:
-        return _BF16
+        return op, None
     shape, product = entry
-    tensors = [a for a in call.args if isinstance(a, torch.Tensor)]
-    policy = call.frame.region.compiled.policy
-    why = None
-    if call.op in policy.bf16_gemms:
-        call.reason = "fp8: kept in bf16 by the policy (bf16_gemms)"
-        return _BF16
-    if not all(t.is_floating_point() and call.frame.region.eligible(t) for t in tensors):
+    region = frame.region
+    policy = region.compiled.policy
+    if op in policy.bf16_gemms:
+        return op, "fp8: kept in bf16 by the policy (bf16_gemms)"
+    if not all(t.is_floating_point() and region.eligible(t) for t in args if isinstance(t, torch.Tensor)):
         why = "an input the region does not cast (float64, another device)"
     elif not _torch.HAS_SCALED_MM:
         why = f"torch {torch.__version__} has no torch._scaled_mm"
-    elif not _torch.scaled_mm_runs_on(call.frame.region.device_type):
-        why = f"torch {torch.__version__}'s torch._scaled_mm has no kernel for {call.frame.region.device_type} tensors"
+    elif not _torch.scaled_mm_runs_on(region.device_type):
+        why = f"torch {torch.__version__}'s torch._scaled_mm has no kernel for {region.device_type} tensors"
     else:
         try:
-            why = shape(*call.args, **call.kwargs)
+            why = shape(*args, **kwargs)
         except (TypeError, IndexError) as e:
             why = f"arguments the fp8 path does not take ({e})"
     if why is not None:
-        call.reason = f"fp8 fallback: {why}"
-        return _BF16
-    at = _WEIGHT.get(call.op)
-    weight = call.args[at] if at is not None and at < len(call.args) else None
-    call.op = Gemm(product, _histories(policy.fp8, weight, str(call.op)))
-    call.compute = E4M3
-    return _BF16
+        return op, f"fp8 fallback: {why}"
+    at = _WEIGHT.get(op)
+    weight = args[at] if at is not None and at < len(args) else None
+    return Gemm(product, _histories(policy.fp8, weight, str(op))), None

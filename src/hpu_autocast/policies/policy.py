@@ -60,7 +60,7 @@ class CastPolicy(enum.Enum):
     FIRST = "first"
 
     # Members are singletons compared by identity: hashed so too, in C (Enum's own hash is a
-    # Python method, asked at each kernel call: _engine.kernels._TARGET is keyed by the member).
+    # Python method, asked at each kernel call: _engine.kernels._POLICY is keyed by the member).
     __hash__ = object.__hash__
 
     def __str__(self) -> str:

@@ -1,7 +1,7 @@
 // The C++ core: the engine's kernel on the ops key, for regions that do not observe.
 //
-// What it does is what the Python kernels do (``_kernels``: ``_apply``, ``_TARGET``,
-// ``_cast_inputs``, ``_cast_and_call``), in the same shape, in C++: one generic *boxed* kernel,
+// What it does is what the Python kernels do (``_kernels``: ``_apply``, ``_POLICY``; ``_walk``:
+// ``cast_inputs``), in the same shape, in C++: one generic *boxed* kernel,
 // registered per policy overload on the borrowed ops key, looks the overload up in the region's
 // compiled table; its cast policy's function (``kPolicies``) names the target dtype or changes
 // the dtype arguments; one walk casts the eligible tensors on the dispatcher's stack, last to
@@ -65,7 +65,7 @@ enum Action : int8_t {
   kNone = -1, kLower = 0, kFp32 = 1, kSetOptDtype = 2, kAppendDtype = 3, kPromote = 4, kFirst = 5, kPython = 6
 };
 
-// What one schema argument is to the rule (``_kernels._inputs``): a positional input (a tensor
+// What one schema argument is to the rule (``_walk.inputs``): a positional input (a tensor
 // or a list of them), a positional argument the op writes (counted, never replaced by a copy,
 // not counted by PROMOTE), a keyword-only input (a single tensor), or nothing to look at (a
 // keyword argument the op writes, ``out=``: not an input).
@@ -199,7 +199,7 @@ inline bool reached(const at::Tensor& t, c10::DeviceType device) {
 }
 
 // Calls ``fn(position, tensor)`` for each tensor the rule looks at, in argument order
-// (``_kernels._inputs``): list items in order; an input-only rule stops at its first tensor.
+// (``_walk.inputs``): list items in order; an input-only rule stops at its first tensor.
 template <typename Fn>
 void for_each_input(const Rule& rule, const IValue* args, size_t n, Fn&& fn) {
   for (size_t i = 0; i < n; ++i) {
