@@ -193,12 +193,14 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
     if rule.leave_explicit and has_explicit_dtype(args, kwargs) and reached(region, rule, args, kwargs):
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
     target, call, call_args, call_kwargs, why = _POLICY[rule.action](frame, rule, op, args, kwargs)
-    casts = [] if region.observer is not None else None
+    observer = region.observer
+    casts = [] if observer is not None else None
     # KeyGuard((ops, all)) written out, its rule kept (each key back as it was), less what
     # changes nothing: the dispatcher ran the ops key's kernel, so that key is not excluded there,
     # and the observing key is excluded but where an observing region switched it on. On the
     # cast op's path a guard object, even torch's C++ one, costs 0.6 us more than these calls.
-    ops, all_ = _dispatch._keys.ops, _dispatch._keys.all
+    keys = _dispatch._keys
+    ops, all_ = keys.ops, keys.all
     was_ops = level is not _KERNEL and _is_excluded(ops)
     was_all = _is_excluded(all_)
     _set_excluded(ops, True)
@@ -213,9 +215,9 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         if rule.into and target is not None:
             out = _into(frame, rule, call, call_args, call_kwargs, target)
         else:
-            out = call._op(*call_args, **call_kwargs)
-        if region.observer is not None:
-            region.observer(_event(rule, op, level, target, args, kwargs, out, eligible, casts, call, why))
+            out = call._op(*call_args, **call_kwargs) if call_kwargs else call._op(*call_args)
+        if observer is not None:
+            observer(_event(rule, op, level, target, args, kwargs, out, eligible, casts, call, why))
     finally:
         _set_excluded(ops, was_ops)
         if not was_all:
