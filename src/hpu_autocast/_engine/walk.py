@@ -70,8 +70,8 @@ def cast_inputs(frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: O
                     a = cast(a)
                 slots[i] = a
         elif type(a) is list or type(a) is tuple:
-            eligible += _cast_list(frame, slots, i, rule.arg_names[i] if i >= 0 else names[i],
-                                   protected and i in protected, target, cast, casts)
+            eligible += _cast_list(frame, slots, i, rule.arg_names[i] if i >= 0 else names[i], i in protected,
+                                   target, cast, casts)
     if names:
         return eligible, slots[:len(args)], {**kwargs, **dict(zip(names, slots[len(args):]))}
     return eligible, slots, kwargs
