@@ -49,7 +49,7 @@ _NATIVE_AUTOCAST_KEYS = ("AutocastCPU", "AutocastCUDA", "AutocastXPU", "Autocast
 MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
 
 #: Whether a tensor is on a device type, by the tensor's own flag (``is_cpu`` costs a quarter of
-#: ``device.type``; the fast path asks it of every argument).
+#: ``device.type``; the cast walk asks it of every argument).
 _TENSOR_ON = {"cpu": attrgetter("is_cpu"), "cuda": attrgetter("is_cuda"), "meta": attrgetter("is_meta"),
               "xpu": attrgetter("is_xpu"), "mps": attrgetter("is_mps")}
 

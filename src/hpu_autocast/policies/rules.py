@@ -1,6 +1,6 @@
 """The dtype rules, as pure functions: which tensors autocast may cast, and the dtype an op of a
 given ``CastPolicy`` computes in. The engine's kernels call them (``eligibility``'s predicate for
-every tensor they look at, in the fast path too); the tests check them with hypothesis.
+every tensor the one walk looks at, ``_engine.walk``); the tests check them with hypothesis.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def eligibility(device_type: str) -> Callable[[torch.Tensor], bool]:
     """The eligibility rule for one device type, as the predicate a region's kernels ask of each
     tensor argument: a tensor autocast may cast is floating point, not float64 (seeds 002 and
     003), and on the region's device, as ``torch.autocast`` casts only tensors of its own device.
-    (One predicate per device type, built once: the fast path asks it of every tensor.)"""
+    (One predicate per device type, built once: the walk asks it of every tensor.)"""
     on_device = tensor_on(device_type)
 
     def eligible(t: torch.Tensor) -> bool:
