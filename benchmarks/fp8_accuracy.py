@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("models", nargs="*", default=list(MODELS))
     args = parser.parse_args(argv)
-    print(f"| model | float32 | bfloat16 | fp8 (e4m3, tensorwise) | fp8 share of matmul FLOPs |")
+    print("| model | float32 | bfloat16 | fp8 (e4m3, tensorwise) | fp8 share of matmul FLOPs |")
     print("| --- | --- | --- | --- | --- |")
     for name in args.models:
         losses = [train(name, d, args.steps) for d in (torch.float32, torch.bfloat16, torch.float8_e4m3fn)]

@@ -544,7 +544,7 @@ def first_region(backend: Backend, dtype: torch.dtype, runs: int, threads: int) 
 def check_dtype(backend: Backend, dtype: torch.dtype) -> Optional[str]:
     """Why ``dtype`` cannot be benchmarked on ``backend`` (or ``None`` when it can)."""
     if backend.name == "hpu":
-        from hpu_autocast.policies._devices import check_dtype as device_allows
+        from hpu_autocast._facts.devices import check_dtype as device_allows
 
         try:
             device_allows(dtype, "hpu")  # float16: not on a first-generation Gaudi, as its bridge

@@ -36,7 +36,7 @@ ENGINE_INDEPENDENT = ("engine_independent: checks what neither the engine nor th
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", ENGINE_INDEPENDENT)
     if config.getoption("--as-if-cuda"):
-        from hpu_autocast.policies import _devices
+        from hpu_autocast._facts import devices as _devices
 
         # The one answer default_device_type() caches (asked once per process), here and, by the
         # environment, in every interpreter a test starts (set before collection, so that the
@@ -47,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config.getoption("--as-if-cuda"):
-        from hpu_autocast.policies import _devices
+        from hpu_autocast._facts import devices as _devices
 
         os.environ.pop(_devices.AS_IF_CUDA_ENV, None)
 

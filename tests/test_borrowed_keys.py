@@ -23,7 +23,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),

@@ -237,9 +237,7 @@ NOT_FUNCTIONAL = "it names in-place or out= overloads only, and Gaudi's bridge r
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     # Each name warns once per process; a test starts with none warned about yet.
-    from hpu_autocast.policies import _build
-
-    from hpu_autocast import builder
+    from hpu_autocast.policies import _build, builder
 
     monkeypatch.setattr(_build, "_warned", set())
     monkeypatch.setattr(builder, "_warned_findings", set())

@@ -323,7 +323,7 @@ def test_every_field_of_a_policy_tells_its_compiled_key_apart():
     import pickle
 
     from hpu_autocast import CastPolicy, Policy
-    from hpu_autocast.policies._table import compile_policy
+    from hpu_autocast._engine.compiled import compile_policy
     from hpu_autocast.policies.recipes import Delayed
 
     variants = {
@@ -358,7 +358,7 @@ def test_a_policy_dropped_from_the_compiled_cache_keeps_its_key_and_collides_wit
     # old key (its compiled graphs are still right for it), and never another policy's.
     import dataclasses
 
-    from hpu_autocast.policies._table import _compiled, compile_policy
+    from hpu_autocast._engine.compiled import _compiled, compile_policy
 
     base, twin = _same_name_and_table(input_only=frozenset({_LN}))
     first = compile_policy(base).key

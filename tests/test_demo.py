@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import hpu_autocast
-from hpu_autocast.policies import _devices
+from hpu_autocast._facts import devices as _devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SRC = pathlib.Path(hpu_autocast.__file__).resolve().parents[1]

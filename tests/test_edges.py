@@ -260,7 +260,7 @@ def _package_env() -> dict:
 def test_a_fresh_interpreter_finds_the_default_device_type_this_one_does(machine_device):
     # Failed under --as-if-cuda on 4e732a3: the option reached this process only, so a test
     # starting one (a CLI command, a script) ran as on a machine without a GPU.
-    code = "from hpu_autocast.policies import _devices; print(_devices.default_device_type())"
+    code = "from hpu_autocast._facts import devices as _devices; print(_devices.default_device_type())"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_package_env())
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == machine_device

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpu_autocast import HpuAutocastMode, build_policy, get_preset, record
+from hpu_autocast import HpuAutocastMode, get_preset, record
 from hpu_autocast.policies.recipes import Delayed, Tensorwise
 from hpu_autocast.policies.policy import CastPolicy
 from hpu_autocast import _torch
@@ -22,7 +22,7 @@ def without_a_gpu(monkeypatch):
     # These tests run fp8 regions on CPU tensors; their regions, tune and the strategies follow the
     # machine's device (a GPU's where there is one, or under --as-if-cuda), so they run as on a
     # machine without a GPU.
-    from hpu_autocast.policies import _devices
+    from hpu_autocast._facts import devices as _devices
 
     monkeypatch.setattr(_devices, "_cuda", False)
 
@@ -220,7 +220,7 @@ def test_the_recipe_is_part_of_the_policys_value():
     assert hpu.fp8 == Tensorwise() and delayed != hpu and hash(delayed) != hash(hpu)
     assert dataclasses.replace(hpu, fp8=Delayed(history=4, margin=1)) == delayed
     assert pickle.loads(pickle.dumps(delayed)) == delayed and copy.deepcopy(delayed).fp8 == Delayed(4, 1)
-    from hpu_autocast.policies._table import policy_serial
+    from hpu_autocast._engine.compiled import policy_serial
     assert policy_serial(delayed) != policy_serial(hpu)  # the compiled key the compile guard checks
 
 

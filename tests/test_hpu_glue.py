@@ -191,7 +191,7 @@ def test_training_loop_with_mark_step_matches_the_loop_without_the_bridge(monkey
     assert bridge.calls == [("mark_step", "", False)] * 6
     # Bit for bit: every weight of the MLP is used once per step, so the cast cache being off
     # on HPU changes no value (it would only merge the casts of a weight used twice).
-    assert [l.item() for l in losses] == [l.item() for l in baseline]
+    assert [loss.item() for loss in losses] == [loss.item() for loss in baseline]
     assert losses[-1] < losses[0]
 
 

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from _samples import SAMPLES, build
 from _seeds import SEEDS, SHARED
-from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError
+from hpu_autocast import CastPolicy, HpuAutocastMode
 from hpu_autocast.events import Outcome
 
 SEED = SEEDS / "000_gaudi_autocast.txt"

@@ -3,7 +3,6 @@
 import dataclasses
 import logging
 
-import pytest
 import torch
 import torch.nn.functional as F
 

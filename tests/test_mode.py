@@ -435,7 +435,7 @@ def test_a_weight_copy_made_under_no_grad_serves_a_use_with_grad_as_native():
 
 def test_a_cuda_region_without_cuda_warns_as_torch_autocast_does(monkeypatch):
     # Failed before: silent. torch.autocast("cuda") warns "CUDA is not available ..." there.
-    from hpu_autocast.policies import _devices
+    from hpu_autocast._facts import devices as _devices
     monkeypatch.setattr(_devices, "_cuda", False)
     with pytest.warns(UserWarning, match="a region for device 'cuda', but CUDA is not available: it casts nothing"):
         HpuAutocastMode(torch.float16, policy="torch-cuda")

@@ -83,7 +83,7 @@ def test_the_build_record_travels_with_a_policy_but_is_not_its_value():
     # What a build let go of says how a policy was made, not what it does: a record of its own
     # made an equal policy unequal, so it took another compiled key (a recompilation) and
     # another kernel table for the same casts.
-    from hpu_autocast.policies._table import compile_policy, policy_serial
+    from hpu_autocast._engine.compiled import compile_policy, policy_serial
     from hpu_autocast.policies.policy import BuildRecord
 
     a = Policy(name="x", table={MM: CastPolicy.LOWER})
@@ -116,7 +116,7 @@ def test_device_type_defaults_to_the_running_device():
 def test_the_new_cast_policies_and_explicit_dtype_are_part_of_the_value():
     # torch-cuda holds both float32 dtype policies and explicit_dtype="cast": they survive pickle
     # (checked above for every preset) and tell policies apart, in equality and the compiled key.
-    from hpu_autocast.policies._table import compile_policy
+    from hpu_autocast._engine.compiled import compile_policy
 
     cuda = get_preset("torch-cuda")
     assert cuda.ops(CastPolicy.FP32_SET_OPT_DTYPE) and cuda.ops(CastPolicy.FP32_APPEND_DTYPE)

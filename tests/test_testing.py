@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ def without_a_gpu(monkeypatch):
     # hpu_autocast.testing follows the machine's device (check_policy's region, the strategies'
     # tensors: a GPU's where there is one). These tests check it on CPU models and tensors, as on
     # a machine without a GPU, and its defaults with them (the pytest fixture's, the example's).
-    from hpu_autocast.policies import _devices
+    from hpu_autocast._facts import devices as _devices
 
     monkeypatch.setattr(_devices, "_cuda", False)
 

@@ -32,7 +32,7 @@ from _parity import VARIANTS
 from _samples import SAMPLES, build
 from _trace import compare, first_difference, trace
 from hpu_autocast._engine import core as _core
-from hpu_autocast.policies._ops import op_base_name, registered_for
+from hpu_autocast._facts.ops import op_base_name, registered_for
 
 with warnings.catch_warnings():  # its import adds warning filters; keep the suite's own
     from torch.testing._internal.common_methods_invocations import op_db

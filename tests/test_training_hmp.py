@@ -20,7 +20,7 @@ def without_a_gpu(monkeypatch):
     # HMP's convert names no device: its region casts for the machine's (a GPU's where there is
     # one). These tests check HMP's casts on CPU tensors, as on a machine without a GPU, which
     # the example then runs on too.
-    from hpu_autocast.policies import _devices
+    from hpu_autocast._facts import devices as _devices
 
     monkeypatch.setattr(_devices, "_cuda", False)
 

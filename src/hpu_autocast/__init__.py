@@ -23,7 +23,7 @@ The public names (``__all__``), by what they are for:
 
 ``hpu_autocast.testing`` (checking a model against its policy), ``hpu_autocast.cli`` (the
 ``hpu-autocast`` command) and ``hpu_autocast.builder`` (policies from list files and Gaudi's
-variables; ``policies/builder.py``) are imported on their own. The layers are packages:
+variables; the public names of ``policies/builder.py``) are imported on their own. The layers are packages:
 ``policies`` (what a region casts, as data), ``_engine`` (regions and kernels), ``_torch``
 (torch's private surface and every patch of torch); ``docs/design.md`` has the map. No name here is also the name of a submodule
 unless it is that submodule (``tests/test_public_api.py``).
@@ -103,12 +103,7 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+from . import builder  # noqa: E402, F401  (the documented path of the policies' builder: builder.py)
 from ._torch.compile_guard import skip_package as _skip_package  # noqa: E402
-from .policies import builder  # noqa: E402
-
-# `hpu_autocast.builder` (docs/migration.md, docs/hpu.md: `policy_from_files`) is the policies'
-# builder, which now lives in `policies/`: the documented path names the same module object, so
-# that `import hpu_autocast.builder` and a monkeypatch of it reach the one the package uses.
-_sys.modules[__name__ + ".builder"] = builder
 
 _skip_package()  # a process that already uses Dynamo: the kernels are not traced

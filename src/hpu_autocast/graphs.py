@@ -149,7 +149,7 @@ def _name_module_tensors(gm: torch.fx.GraphModule, module: torch.nn.Module) -> N
             setattr(gm, name, value)
         delattr(gm, old)
         node.target = name
-        node._rename(name)
+        _torch.rename_node(node, name)
         taken.add(name)
         changed = True
     if changed:

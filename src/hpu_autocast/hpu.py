@@ -29,7 +29,7 @@ import warnings
 import torch
 
 from . import _engine
-from .policies._devices import check_dtype, default_cache_enabled  # the HPU's device rules, with every device's
+from ._facts.devices import check_dtype, default_cache_enabled  # the HPU's device rules, with every device's
 
 __all__ = ["backend_loaded", "hpu_importable", "default_cache_enabled", "check_dtype",
            "default_device", "lazy_mode", "mark_step", "wrap_in_hpu_graph"]

@@ -12,8 +12,8 @@ from typing import Callable, Dict, Iterator, Optional, Union
 import torch
 
 from . import _engine
-from .policies import _devices
-from .policies._table import compile_policy
+from ._facts import devices as _devices
+from ._engine.compiled import compile_policy
 from .policies.builder import as_policy as _as_policy
 from .events import Event
 from .log import combine_observers, make_log_observer

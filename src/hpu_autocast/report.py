@@ -34,8 +34,9 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from ._engine import core as _core
+from . import _torch
 from ._torch import TorchDispatchMode, tree_map
-from .policies import _ops
+from ._facts import ops as _ops
 from .events import Event, Outcome, short_dtype
 from .log import decision
 from .policies.policy import CastPolicy
@@ -91,7 +92,7 @@ class _FlopCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = flop_registry.get(func._overloadpacket)
+        formula = flop_registry.get(_torch.overload_packet(func))
         if formula is not None:
             self.total += formula(*args, **kwargs, out_val=out)
         return out
@@ -186,11 +187,11 @@ class Recorder:
         # that an optimizer step updated in between are cast anew, rightly.
         key = (id(t), target)
         entry = self._casts.get(key)
-        if entry is None or entry[0]() is not t or entry[3] != t._version:
+        if entry is None or entry[0]() is not t or entry[3] != _torch.version_counter(t):
             if len(self._casts) >= self._prune_at:  # long recordings: forget freed tensors
                 self._casts = {k: v for k, v in self._casts.items() if v[0]() is not None}
                 self._prune_at = max(_PRUNE_AT, 2 * len(self._casts))
-            self._casts[key] = [weakref.ref(t), 1, [op], t._version]
+            self._casts[key] = [weakref.ref(t), 1, [op], _torch.version_counter(t)]
             return
         entry[1] += 1
         # One warning per kind of tensor, not per tensor: a training loop repeats its casts.

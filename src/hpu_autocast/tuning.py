@@ -54,7 +54,7 @@ import torch
 
 from . import _torch
 from ._torch import OpOverload
-from .policies import _ops
+from ._facts import ops as _ops
 from .policies.builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
 from .events import short_dtype
 from .policies.names import PolicyError, resolve
@@ -127,7 +127,7 @@ def _units(report, dtype: torch.dtype) -> List[_Unit]:
 
 def _spelled(op: OpOverload) -> str:
     """``aten::add.Tensor``: one overload, as a list file may name it."""
-    return f"{op._schema.name}.{op._overloadname}"
+    return f"{_torch.schema(op).name}.{_torch.overload_name(op)}"
 
 
 def _applied(name: str, policy: Policy) -> FrozenSet[OpOverload]:

@@ -1,5 +1,5 @@
 """Tests of the package's internals: private modules (``hpu_autocast._engine``, its
-``dispatch`` and ``entry``, ``policies._ops``, ``cli.report_command``, ...), private names, and
+``dispatch`` and ``entry``, ``_facts.ops``, ``cli.report_command``, ...), private names, and
 the package's source layout (the layers as packages, torch's private surface, the import graph,
 the code's shape, the design doc's map). The tests one level up test what users see, through
 the public API; a few of them also read a private name where the check needs one (which engine

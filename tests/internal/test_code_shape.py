@@ -11,8 +11,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpu_autocast"
 MECHANISM = ("_engine/__init__.py", "_engine/entry.py", "_engine/regions.py", "_engine/kernels.py",
              "_engine/cast_cache.py", "_engine/inplace.py", "_engine/dispatch.py", "_engine/hops.py",
-             "_torch/__init__.py", "_torch/compile_guard.py", "policies/_devices.py", "policies/_table.py")
-LAYERS = ("_engine", "policies", "_torch")
+             "_torch/__init__.py", "_torch/compile_guard.py", "_facts/devices.py", "_engine/compiled.py")
+LAYERS = ("_engine", "policies", "_facts", "_torch")
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 450
 MAX_TOP_LEVEL_MODULES = 16

@@ -32,7 +32,7 @@ from _trace import native, trace_in
 from _parity import VARIANTS
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset
-from hpu_autocast.policies._ops import all_overloads, has_kernel, is_composite, op_base_name, registered_for
+from hpu_autocast._facts.ops import all_overloads, has_kernel, is_composite, op_base_name, registered_for
 from hpu_autocast.policies.presets import PRESETS
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

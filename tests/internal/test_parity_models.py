@@ -1,4 +1,4 @@
-"""A parity comparison that must fail: torch-cpu less one entry (found with ``hpu_autocast.policies._ops``)."""
+"""A parity comparison that must fail: torch-cpu less one entry (found with ``hpu_autocast._facts.ops``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpu_autocast import HpuAutocastMode, get_preset
-from hpu_autocast.policies._ops import op_base_name
+from hpu_autocast._facts.ops import op_base_name
 from test_parity_models import _assert_steps_equal, _pair, _step
 
 

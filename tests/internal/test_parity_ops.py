@@ -31,7 +31,7 @@ from _parity import ATEN, VARIANTS, aten_call, differences, run, run_with_grad
 from _samples import SAMPLES, build
 from hpu_autocast import HpuAutocastMode, get_preset
 from hpu_autocast._engine import core as _core
-from hpu_autocast.policies._ops import all_overloads, has_kernel, op_base_name
+from hpu_autocast._facts.ops import all_overloads, has_kernel, op_base_name
 
 POLICY = get_preset("torch-cpu")
 DTYPES = [torch.bfloat16, torch.float16]

@@ -1,5 +1,5 @@
 """The torch-cuda preset against seed 003, with what torch registers for ``AutocastCUDA``
-(``hpu_autocast.policies._ops``)."""
+(``hpu_autocast._facts.ops``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_torch_cuda_lists_are_seed_003s():
     # cast at their entry); plus what it registers beyond the document (test_drift checks those
     # against native where CUDA is), and the float32 ops torch registers with its two float32
     # dtype policies on those lists instead.
-    from hpu_autocast.policies._ops import has_kernel
+    from hpu_autocast._facts.ops import has_kernel
 
     def kept(names):
         out = set()

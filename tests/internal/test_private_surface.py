@@ -1,13 +1,15 @@
-"""Torch's private surface and every patch of torch stay in one package, ``hpu_autocast._torch``
-(at most four modules): ``__init__`` (every private torch name the rest of the package asks, each
-with the versions it was checked on and its fallback), ``autocast`` and ``torchscript`` (the
-patches while a region is open), ``compile_guard`` (Dynamo).
+"""Torch's private surface stays in one package, ``hpu_autocast._torch`` (at most four modules):
+``__init__`` (every private torch name the rest of the package asks, each with the versions it
+was checked on and its fallback, and the accessors of torch's objects' private attributes) and
+``compile_guard`` (Dynamo). The patches of torch made while a region is open are the engine's
+(``_engine/torch_autocast.py``, ``_engine/torchscript.py``) and take their private names from it.
 
 Read with ``ast`` from the source of every module outside it (and the pytest plugin beside the
 package), through names the module binds to a torch module or object (``_C = torch._C``,
 ``from torch import _C``, ``import torch.utils as tu``). Attributes of torch's objects reached
-through a value (``op._schema``, ``module._parameters``) are not seen: the source does not say
-what a value is.
+through a value (``op._schema``, ``t._is_view()``) are found by name: the ``_``-prefixed
+attributes of the torch objects the package handles (``PRIVATE_ATTRIBUTES``), less the names the
+package binds itself (its own ``self._x``).
 
 * a private torch name: an attribute chain from ``torch`` with a ``_``-prefixed part
   (``torch._C.DispatchKey``, ``torch.utils._pytree.tree_map``, ``torch.ops.aten._to_copy``;
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 import ast
 import pathlib
-from typing import Dict, List
+from typing import Dict, FrozenSet, List
+
+import torch
+import torch.fx
 
 import hpu_autocast
 
@@ -31,6 +36,44 @@ PACKAGE = pathlib.Path(hpu_autocast.__file__).resolve().parent
 SURFACE = PACKAGE / "_torch"
 PLUGIN = PACKAGE.parent / "pytest_hpu_autocast.py"
 MAX_SURFACE_MODULES = 4
+
+
+def _private_attributes() -> FrozenSet[str]:
+    """The ``_``-prefixed attributes (dunders left out) of the torch objects the package handles:
+    an overload and its packet, a tensor, a library, FX's nodes and graphs, schemas, modules."""
+    objects = (torch.ops.aten.mm.default, torch.ops.aten.mm, torch.zeros(1), torch.library.Library, torch.fx.Node,
+               torch.fx.Graph, torch.fx.GraphModule, torch._C.FunctionSchema, torch._C.Argument, torch.nn.Module,
+               torch.optim.Optimizer, torch.autograd.Function, torch.dtype, torch.device)
+    return frozenset(n for o in objects for n in dir(o) if n.startswith("_") and not n.endswith("__"))
+
+
+def _bound(tree: ast.AST) -> FrozenSet[str]:
+    """Every name a module binds: functions, classes, variables, attributes it assigns (``self._x``),
+    arguments, imports, ``__slots__`` strings."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Store):
+            out.add(n.id if isinstance(n, ast.Name) else n.attr)
+        elif isinstance(n, ast.alias):
+            out.add(n.asname or n.name.split(".")[0])
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+            out.add(n.value)
+    return frozenset(out)
+
+
+PRIVATE_ATTRIBUTES = _private_attributes()
+
+
+def _private_attribute_uses(source: str, filename: str, own: FrozenSet[str]) -> List[str]:
+    """``line: .name`` for each private attribute of torch's objects a module's source reads
+    (``op._schema``), where the package does not bind that name itself (``own``)."""
+    return sorted((f"{n.lineno}: .{n.attr}" for n in ast.walk(ast.parse(source, filename))
+                   if isinstance(n, ast.Attribute) and n.attr in PRIVATE_ATTRIBUTES and n.attr not in own),
+                  key=lambda s: (int(s.split(":")[0]), s))
 
 
 def _dotted(node: ast.AST) -> str:
@@ -149,6 +192,24 @@ def test_only_the_surface_package_reaches_for_torchs_private_names_or_patches_to
         if names:
             offenders[str(path.relative_to(PACKAGE.parent))] = names
     assert offenders == {}, "private torch names, patches of torch or hacks outside hpu_autocast/_torch: " + repr(offenders)
+
+
+def test_the_reader_finds_private_attributes_of_torchs_objects():
+    source = "s = op._schema.arguments\nop._op(x)\nt._is_view()\nlib._destroy()\nn = op._overloadname\nself._cache = 1\n"
+    assert {"_schema", "_op", "_is_view", "_destroy", "_overloadname", "_version", "_rename"} <= PRIVATE_ATTRIBUTES
+    assert _private_attribute_uses(source, "t.py", frozenset({"_cache"})) == [
+        "1: ._schema", "2: ._op", "3: ._is_view", "4: ._destroy", "5: ._overloadname"]
+
+
+def test_only_the_surface_package_reads_private_attributes_of_torchs_objects():
+    paths = [p for p in sorted(PACKAGE.rglob("*.py")) if SURFACE not in p.parents] + [PLUGIN]
+    own = frozenset().union(*(_bound(ast.parse(p.read_text())) for p in paths))
+    offenders = {}
+    for path in paths:
+        uses = _private_attribute_uses(path.read_text(), str(path), own)
+        if uses:
+            offenders[str(path.relative_to(PACKAGE.parent))] = uses
+    assert offenders == {}, "private attributes of torch's objects outside hpu_autocast/_torch: " + repr(offenders)
 
 
 def test_the_surface_is_one_package_of_at_most_four_modules():

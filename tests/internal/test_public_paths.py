@@ -66,10 +66,13 @@ def test_the_paths_named_gone_are_gone():
             _resolve(path)
 
 
-def test_the_builders_documented_path_is_the_module_the_package_uses():
+def test_the_builders_documented_path_is_a_module_of_the_builders_public_names():
+    # A plain module (no sys.modules alias): each public name is the policies builder's object.
     import hpu_autocast.builder as documented
 
-    assert documented is builder is hpu_autocast.builder
+    assert documented is hpu_autocast.builder and documented.__name__ == "hpu_autocast.builder"
+    assert documented.__all__ == builder.__all__
+    assert all(getattr(documented, name) is getattr(builder, name) for name in builder.__all__)
 
 
 def test_the_console_script_and_main_module_name_functions_that_exist():

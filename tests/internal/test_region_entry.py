@@ -10,7 +10,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from hpu_autocast import HpuAutocastMode
 from hpu_autocast._engine import core as _core, dispatch as _dispatch, entry as _entry, regions as _regions
-from hpu_autocast._torch import autocast as _torch_autocast
+from hpu_autocast._engine import torch_autocast as _torch_autocast
 
 
 @pytest.fixture

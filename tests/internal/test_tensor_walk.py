@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hpu_autocast._engine import walk as _walk
-from hpu_autocast.policies import _ops
-from hpu_autocast.policies._table import OpRule, compile_policy
+from hpu_autocast._facts import ops as _ops
+from hpu_autocast._engine.compiled import OpRule, compile_policy
 from hpu_autocast.policies.builder import as_policy
 from hpu_autocast.policies.policy import CastPolicy
 

@@ -4,7 +4,7 @@ tests/test_torch_autocast.py check for identity before, during and after regions
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from hpu_autocast._torch import autocast as _torch_autocast
+from hpu_autocast._engine import torch_autocast as _torch_autocast
 
 from test_torch_autocast import TORCH_OWN
 

@@ -1,19 +1,19 @@
 """The engine: regions (``regions``, the frame stack) opened on the borrowed dispatch keys
 (``dispatch``) whose kernels are ``kernels``' (which cast through ``cast_cache``, and hand calls
 to the C++ core, ``core``, where it is built), with torch's autocast functions answering for them
-while any is open (``_torch.autocast``). A region's entry and exit are composed in one place,
+while any is open (``torch_autocast``). A region's entry and exit are composed in one place,
 ``entry`` (its Note: register, the core's tables, the patches, the frame); ``enter`` adds the
 higher-order operators (``hops``). The rest of the package asks this module.
 
 How one call goes, from the dispatcher to the cast, is ``kernels``' docstring; what a region
 and a frame are, ``regions``' Note; what is patched while a region is open, and who counts the
-open regions, ``_torch.autocast``'s; higher-order operators, ``hops``'.
+open regions, ``torch_autocast``'s; higher-order operators, ``hops``'.
 """
 
 from __future__ import annotations
 
 from . import entry as _entry, hops as _hops, kernels as _kernels
-from .._torch import autocast as _torch_autocast
+from . import torch_autocast as _torch_autocast
 from .entry import replace_innermost
 from .kernels import keys_excluded
 from .regions import GUARD, OFF, Frame, Region, State, current, innermost, observing
@@ -24,7 +24,7 @@ __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost
 
 def enter(region: Region) -> None:
     """Open ``region`` in the calling context (``entry.enter``: it becomes the innermost frame,
-    counted among the regions open in the process by ``_torch.autocast.acquire``); higher-order
+    counted among the regions open in the process by ``torch_autocast.acquire``); higher-order
     operators made since the last region learn the borrowed keys (``hops``)."""
     k = _kernels.keys()
     _entry.enter(region, k, _torch_autocast.acquire, _torch_autocast.release)
@@ -37,5 +37,5 @@ def enter(region: Region) -> None:
 
 def exit(region: Region) -> None:
     """Close ``region`` (``entry.exit``); the last open region's exit restores torch's own
-    autocast functions (``_torch.autocast.release``)."""
+    autocast functions (``torch_autocast.release``)."""
     _entry.exit(region, _torch_autocast.release)

@@ -46,7 +46,7 @@ def cached_cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Cal
     nested ``torch.autocast`` of another dtype never receives a copy of the first.
     ``cache_enabled=False`` (always so on HPU) casts every time."""
     if (cache is not None and lower and dt is _FLOAT32 and t.requires_grad and t.is_leaf
-            and not t._is_view() and not _inference_mode()):
+            and not _torch.is_view(t) and not _inference_mode()):
         if type(cache) is not dict:  # the C++ core's, shared with its kernels (_core.new_cache)
             c, hit = cache.cast(t, target)
             if casts is not None:

@@ -27,8 +27,9 @@ from typing import Optional
 import torch
 
 from . import core_build as _core_build
-from ..policies import _ops
-from ..policies._devices import native_autocast_keys
+from .. import _torch
+from .._facts import ops as _ops
+from .._facts.devices import native_autocast_keys
 from ..policies.recipes import is_fp8
 
 __all__ = ["core", "ENGINE", "REASON", "new_cache", "region_for", "set_frame", "register"]
@@ -78,13 +79,13 @@ def _row(rule, index: int, device_type: str) -> tuple:
     applies is ``OpRule.core`` (Note: which calls the core decides); the rest are ``PYTHON``."""
     action = _ACTION[rule.action.name if rule.core else "PYTHON"]
     kinds = []
-    for i, a in enumerate(rule.op._schema.arguments):
+    for i, a in enumerate(_torch.schema(rule.op).arguments):
         if a.kwarg_only:
             kinds.append(_KIND["skip"] if a.name in rule.written_names else _KIND["keyword"])
         else:
             kinds.append(_KIND["written"] if i in rule.protected else _KIND["positional"])
     input_only = rule.input_only and rule.casts_input_only(device_type)
-    redispatch = rule.redispatch._schema if rule.redispatch is not None else None
+    redispatch = _torch.schema(rule.redispatch) if rule.redispatch is not None else None
     redispatch = (redispatch.name, redispatch.overload_name) if redispatch is not None else ("", "")
     return (index, action, input_only, _ops.is_composite(rule.op), kinds, list(rule.dtype_args), rule.leave_explicit,
             redispatch)

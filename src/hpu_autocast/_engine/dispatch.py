@@ -77,7 +77,7 @@ from torch.library import Library, fallthrough_kernel
 from . import core as _core
 from .. import _torch
 from .._torch import OpOverload
-from ..policies import _ops
+from .._facts import ops as _ops
 
 __all__ = ["Keys", "keys", "KeyGuard", "ThreadSwitch", "thread_switch"]
 
@@ -244,11 +244,11 @@ class Keys:
             self._observing -= 1
             if self._observing == 0:
                 fallback, self._all_fallback = self._all_fallback, None
-                fallback._destroy()
+                _torch.destroy_library(fallback)
 
     def _move_all(self) -> None:
         for lib in self._all_libs.values():
-            lib._destroy()  # the backend's kernels on the key are left, and win again
+            _torch.destroy_library(lib)  # the backend's kernels on the key are left, and win again
         self._all_libs.clear()
         self._fallback_ready = False
         free = [nd for nd in self._above_ops() if not _claimed(*nd)]
@@ -306,8 +306,8 @@ class Keys:
             for op in todo:
                 if op in self._registered:
                     continue
-                ns, _, name = op._schema.name.partition("::")
-                overload = op._overloadname
+                ns, _, name = _torch.schema(op).name.partition("::")
+                overload = _torch.overload_name(op)
                 if _core.core is not None:
                     # The core's kernel, which hands what it does not decide to the Python one.
                     self.indices[op] = _core.register(ns, name, overload, self.ops, self._make_kernel(op))

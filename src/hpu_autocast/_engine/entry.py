@@ -9,14 +9,14 @@
 2. *the core's tables*: the C++ core's state for the region, from its table for the policy and
    device type (``core.region_for``; ``None`` where the Python kernels decide);
 3. *the patches*: ``acquire`` counts the region among those open in the process and installs
-   torch's patches with the first (``_torch.autocast``);
+   torch's patches with the first (``torch_autocast``);
 4. *the frame*: the region takes hold of its thread (its keys switched on, torch's cache flag and
    own autocast for its device as torch.autocast sets them) and its frame becomes the innermost
    (``regions.push``), the core told (its copy of the frame, Note [the frame in C++]).
 
 ``exit`` undoes them in reverse, and so does an entry that fails on the way: what a step took
 is given back before the error leaves ``enter``. The patches come in as ``acquire`` / ``release`` because they
-open regions themselves (a checkpoint's recomputation, ``_torch.autocast``), so they sit above
+open regions themselves (a checkpoint's recomputation, ``torch_autocast``), so they sit above
 this module; ``_engine.enter`` hands the same two. The frame stack (``regions``) knows nothing of
 the kernels, the core or the patches; every change of the innermost frame is mirrored to the core
 here (``replace_innermost`` too).
@@ -186,7 +186,7 @@ def _close(region: Region, pushed: bool = True) -> None:
 
 def replace_innermost(enabled: bool, dtype: torch.dtype) -> None:
     """Change the innermost frame's on/off state and dtype for the calling context (what
-    ``torch.autocast`` inside a region does; see ``_torch.autocast``), the core told."""
+    ``torch.autocast`` inside a region does; see ``torch_autocast``), the core told."""
     frame: Optional[Frame] = _regions.replace_innermost(enabled, dtype)
     if frame is not None:
         _core.set_frame(frame)

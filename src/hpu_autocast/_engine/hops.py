@@ -50,8 +50,8 @@ import torch
 
 from . import dispatch as _dispatch, regions as _regions
 from .. import _torch
-from .._torch import autocast as _torch_autocast
-from ..policies._devices import native_autocast_keys
+from . import torch_autocast as _torch_autocast
+from .._facts.devices import native_autocast_keys
 
 __all__ = ["cover"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..policies._table import OpRule
+from .. import _torch
+from .compiled import OpRule
 
 __all__ = ["into", "write_back"]
 
@@ -25,7 +26,7 @@ def into(rule: OpRule, args, kwargs: dict, target: torch.dtype, eligible) -> tup
     caller gets its own tensor back. Float64 and non-floating outputs are left as they are."""
     written = []
     new_args = args
-    for i, a in enumerate(rule.op._schema.arguments):
+    for i, a in enumerate(_torch.schema(rule.op).arguments):
         if a.name not in rule.into:
             continue
         if a.kwarg_only:

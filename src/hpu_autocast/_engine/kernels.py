@@ -25,13 +25,13 @@ import torch
 from . import dispatch as _dispatch, fp8 as _fp8
 from .. import _torch
 from .._torch import OpOverload, compile_guard as _compile_guard
-from ..policies import _ops
-from ..policies._devices import native_autocast_keys
+from .._facts import ops as _ops
+from .._facts.devices import native_autocast_keys
 from .dispatch import KeyGuard
 from .inplace import into, write_back
 from .walk import cast_inputs, inputs, reached
 from .regions import Frame, _get_frame, innermost
-from ..policies._table import OpRule
+from .compiled import OpRule
 from ..events import Event, Level, Outcome, first_floating, input_dtypes
 from ..policies.policy import CastPolicy
 from ..policies.rules import compute_dtype, has_explicit_dtype
@@ -45,6 +45,7 @@ _set_excluded = _torch.set_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
 _native_get_dtype = _torch.native_autocast_dtype
 _native_set_dtype = _torch.set_native_autocast_dtype
+_op_function = _torch.op_function
 _NATIVE_AUTOCAST = native_autocast_keys()
 _KERNEL = Level.KERNEL  # an Enum member read from its class is a Python lookup
 
@@ -69,7 +70,7 @@ def make_kernel(op: OpOverload) -> Callable:
     below = _torch.keyset_after(ops_key)
     # Positional arguments typed Tensor: a Python kernel receives a wrapped scalar (the 3 of
     # x / 3) there as a Python number, which a boxed redispatch refuses.
-    slots = tuple(i for i, a in enumerate(op._schema.arguments)
+    slots = tuple(i for i, a in enumerate(_torch.schema(op).arguments)
                   if not a.kwarg_only and isinstance(a.type, _torch.TensorType))
 
     def kernel(keyset, *args, **kwargs):
@@ -120,7 +121,7 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
         # This key sits above the ops key (_dispatch's Note: borrowing keys): an op of the
         # region's policy is the ops key's kernel's to cast, or to report as disabled.
         with KeyGuard((all_key,)):
-            return op._op(*args, **kwargs)
+            return _op_function(op)(*args, **kwargs)
     if frame is not None and frame.enabled and not _ops.is_composite(op):
         region = frame.region
         compiled = region.compiled
@@ -131,7 +132,7 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
         if region.observer is not None:
             # The op's own C++ calls are its insides: not reported (they still reach the kernels).
             with KeyGuard((all_key,)):
-                out = op._op(*args, **kwargs)
+                out = _op_function(op)(*args, **kwargs)
             inputs = input_dtypes(args, kwargs)
             if any(d.is_floating_point for d in inputs) and not _ops.is_view(op):
                 _notify(region.observer, Event(op, Level.FALLBACK, Outcome.UNLISTED, None, None, None, inputs,
@@ -152,7 +153,7 @@ def _pass_on(op: OpOverload, args: tuple, kwargs: dict, *keys) -> object:
     if _ops.is_composite(op) and all(_is_excluded(n) for n in _NATIVE_AUTOCAST if n not in keys):
         return op.decompose(*args, **kwargs)
     with KeyGuard(keys):
-        return op._op(*args, **kwargs)
+        return _op_function(op)(*args, **kwargs)
 
 
 def _notify(observer: Callable[[Event], None], event: Event) -> None:
@@ -214,7 +215,7 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         if rule.into and target is not None:
             out = _into(frame, rule, call, call_args, call_kwargs, target)
         else:
-            out = call._op(*call_args, **call_kwargs) if call_kwargs else call._op(*call_args)
+            out = _op_function(call)(*call_args, **call_kwargs) if call_kwargs else _op_function(call)(*call_args)
         if observer is not None:
             observer(_event(rule, op, level, target, args, kwargs, out, eligible, casts, call, why))
     finally:
@@ -258,11 +259,11 @@ def _append_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwarg
     float32 if the first argument is eligible, else the first argument's dtype (ATen's
     ``type_from_firstarg``); nothing is cast."""
     dtype = _FLOAT32 if _first_eligible(frame, args) else args[0].dtype
-    schema = rule.op._schema.arguments
+    schema = _torch.schema(rule.op).arguments
     full = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value) for i, a in enumerate(schema)]
     positional = tuple(v for v, a in zip(full, schema) if not a.kwarg_only)
     keywords = {**{a.name: v for v, a in zip(full, schema) if a.kwarg_only},
-                rule.redispatch._schema.arguments[-1].name: dtype}
+                _torch.schema(rule.redispatch).arguments[-1].name: dtype}
     return None, rule.redispatch, positional, keywords, None
 
 
@@ -295,7 +296,7 @@ def _into(frame: Frame, rule: OpRule, op, args: list, kwargs: dict, target: torc
     """Call a named in-place or ``out=`` overload: it computes into copies in ``target``, written
     back (``_inplace``)."""
     args, kwargs, written = into(rule, args, kwargs, target, frame.region.eligible)
-    out = op._op(*args, **kwargs)
+    out = _op_function(op)(*args, **kwargs)
     return write_back(written, out) if written else out
 
 
@@ -321,7 +322,7 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     _native_set_dtype(device, frame.dtype)
     try:
         with KeyGuard((k.ops, k.all), unexclude=(rule.native,)):
-            out = op._op(*args, **kwargs)
+            out = _op_function(op)(*args, **kwargs)
     finally:
         _native_set_dtype(device, dtype_was)
     observer = frame.region.observer
@@ -336,7 +337,7 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
     """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
     its own."""
     with _dispatch._keys.excluded():
-        out = op._op(*args, **kwargs)
+        out = _op_function(op)(*args, **kwargs)
         observer = frame.region.observer
         if observer is not None:
             observer(Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, reason,

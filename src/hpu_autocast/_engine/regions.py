@@ -26,10 +26,10 @@ import torch
 
 from . import dispatch as _dispatch
 from .. import _torch
-from ..policies._devices import NATIVE_AUTOCAST_HERE
+from .._facts.devices import NATIVE_AUTOCAST_HERE
 from ..policies.recipes import cast_dtype
 from ..policies.rules import eligibility
-from ..policies._table import CompiledPolicy, OpRule
+from .compiled import CompiledPolicy, OpRule
 from ..events import Event
 
 __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "push", "nest", "pop",

@@ -13,8 +13,8 @@ import torch
 from .cast_cache import CAST, cached_cast
 from .regions import Frame
 from .._torch import autocast_cache_enabled as _cache_on
-from ..policies._devices import tensor_on
-from ..policies._table import OpRule
+from .._facts.devices import tensor_on
+from .compiled import OpRule
 
 __all__ = ["cast_inputs", "inputs", "positions", "reached"]
 

@@ -1,10 +1,13 @@
 """Torch's private surface, in one package (``hpu_autocast._torch``): this module holds every
 private torch name the rest of the package asks (``torch._C``'s, the private module paths torch
 keeps public types under, torch's own autocast state), each with what it is for, the torch
-versions it was checked on, and what happens where it is missing; ``autocast`` and
-``torchscript`` hold the patches of torch made while a region is open, and ``compile_guard``
-Dynamo's names. No module outside the package reaches for a private torch name, assigns a torch
-attribute, or uses ``ctypes`` or ``sys._getframe`` (tests/internal/test_private_surface.py).
+versions it was checked on, and what happens where it is missing, and the private attributes of
+torch's objects (``op._schema``, ``op._op``, ...) as named accessors; ``compile_guard`` holds
+Dynamo's names. It is the bottom layer: it imports nothing of the package. The patches of torch
+made while a region is open are the engine's (``_engine.torch_autocast``, ``_engine.torchscript``),
+and take their private names from here. No module outside the package reaches for a private
+torch name or attribute, assigns a torch attribute (the engine's patches excepted), or uses
+``ctypes`` or ``sys._getframe`` (tests/internal/test_private_surface.py).
 
 Checked on: present in torch 2.4.1, 2.13.0 and 2.14.1 (``hasattr`` on each, and the suite run
 on 2.13.0); the suite also ran on 2.6.0 and 2.9.1 (README). "Fallback" says what a torch without
@@ -43,6 +46,16 @@ name (``torch._C.``)                        use; fallback
 ``torch._ops._higher_order_ops``            every higher-order operator made (``_engine.hops``);
                                             missing: none covered
 ``torch._ops._compute_keyset``              a higher-order operator's key set; missing: ``None``
+``ScriptFunction`` / ``ScriptMethod``         TorchScript's callables, patched while a region is
+                                            open (``_torchscript``); none
+``_global_optimizer_pre_hooks`` /           the dicts of torch's global optimizer step hooks
+``_global_optimizer_post_hooks``            (``torch.optim.optimizer``'s; ``OPTIMIZER_STEP_HOOKS``:
+                                            ``_torch_autocast``'s step hooks); none
+``torch.utils.checkpoint._checkpoint_without_reentrant_generator_impl`` (2.14) or
+``..._generator`` (before)                  the generator non-reentrant ``checkpoint`` calls
+                                            (``CHECKPOINT_GENERATOR``, its name); none
+``sys._getframe``                           ``caller_frame``: the frames an optimizer step runs
+                                            in (``_torch_autocast``); CPython's, none
 ``torch._scaled_mm``                        fp8 regions' GEMMs (``scaled_mm``; checked on 2.13.0,
                                             CPU, and 2.4.1, whose takes the scales by keyword,
                                             returns a pair and has no CPU kernel:
@@ -64,6 +77,14 @@ as its C functions (``native_autocast_enabled``, ``set_native_autocast_enabled``
 answer for a region while one is open, ``autocast``'s patches, so the engine asks these).
 
 ``torch._C.DispatchKey`` by name: ``dispatch_key`` (``None`` for a key this torch lacks).
+
+Private attributes of torch's objects, read only through these accessors (present on 2.4.1,
+2.13.0 and 2.14.1; required, no fallback): ``schema(op)`` (``op._schema``, an overload's or
+packet's ``FunctionSchema``), ``op_function(op)`` (``op._op``, the overload's C++ callable
+without ``OpOverload.__call__``'s frame, which the kernels call), ``overload_name(op)``
+(``op._overloadname``), ``overload_packet(op)`` (``op._overloadpacket``), ``is_view(t)``
+(``t._is_view()``), ``version_counter(t)`` (``t._version``), ``destroy_library(lib)``
+(``Library._destroy()``), ``rename_node(node, name)`` (``torch.fx.Node._rename``).
 
 The C++ core (``csrc/core.cpp``) reaches torch's C++ surface, compiled against the installed
 torch's headers; it was built and its suite run on torch 2.4.1, 2.6.0, 2.9.1, 2.13.0 and 2.14.1.
@@ -88,11 +109,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import sys
 import threading
 from typing import Callable, Optional
 
 import torch
+import torch.optim.optimizer as _optimizer
+import torch.utils.checkpoint as _checkpoint
 from torch._ops import OperatorBase, OpOverload, OpOverloadPacket
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
@@ -107,7 +131,9 @@ __all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset
            "native_autocast_dtype", "set_native_autocast_dtype", "autocast_cache_enabled",
            "set_autocast_cache_enabled", "increment_autocast_nesting", "decrement_autocast_nesting",
            "clear_native_autocast_cache", "wrap_autograd", "unwrap_autograd", "scaled_mm", "HAS_SCALED_MM",
-           "scaled_mm_runs_on"]
+           "scaled_mm_runs_on", "schema", "op_function", "overload_name", "overload_packet", "is_view",
+           "version_counter", "destroy_library", "rename_node", "ScriptFunction", "ScriptMethod",
+           "OPTIMIZER_STEP_HOOKS", "CHECKPOINT_GENERATOR", "caller_frame"]
 
 _C = torch._C
 
@@ -125,6 +151,45 @@ def c_function_namespace(name: str) -> object:
     ...), or ``None`` where this torch has none."""
     return getattr(_C, name, None)
 TO_COPY = torch.ops.aten._to_copy.default
+
+# -- private attributes of torch's objects (the table above) -------------------------------------
+#: ``schema(op)``: an overload's (or packet's) ``FunctionSchema``.
+schema = operator.attrgetter("_schema")
+#: ``op_function(op)``: an overload's C++ callable; calling it skips ``OpOverload.__call__``'s frame.
+op_function = operator.attrgetter("_op")
+#: ``overload_name(op)``: ``"default"``, ``"out"``, ``"Tensor"``, ...
+overload_name = operator.attrgetter("_overloadname")
+#: ``overload_packet(op)``: the ``OpOverloadPacket`` an overload belongs to.
+overload_packet = operator.attrgetter("_overloadpacket")
+#: ``is_view(t)``: whether a tensor is a view of another.
+is_view = operator.methodcaller("_is_view")
+#: ``version_counter(t)``: a tensor's version, bumped by each in-place write.
+version_counter = operator.attrgetter("_version")
+
+
+def destroy_library(lib: torch.library.Library) -> None:
+    """Remove every registration ``lib`` made (``Library._destroy``)."""
+    lib._destroy()
+
+
+def rename_node(node: torch.fx.Node, name: str) -> None:
+    """Rename an FX node in its graph's namespace (``Node._rename``)."""
+    node._rename(name)
+
+
+# -- TorchScript's callables, optimizer hooks, checkpointing: what the engine's patches reach ---
+ScriptFunction = _C.ScriptFunction
+ScriptMethod = _C.ScriptMethod
+#: The dicts torch's global optimizer step hooks live in: (pre-step, post-step).
+OPTIMIZER_STEP_HOOKS = (_optimizer._global_optimizer_pre_hooks, _optimizer._global_optimizer_post_hooks)
+#: The name of the generator non-reentrant ``checkpoint`` calls: from torch 2.14, ``..._impl`` (the
+#: old name is kept as a shim ``checkpoint`` no longer calls; patching it left recomputations to
+#: native autocast there).
+CHECKPOINT_GENERATOR = next(n for n in ("_checkpoint_without_reentrant_generator_impl",
+                                        "_checkpoint_without_reentrant_generator")
+                            if hasattr(_checkpoint, n))
+#: ``caller_frame(depth)``: CPython's ``sys._getframe``.
+caller_frame = sys._getframe
 
 # -- the fp8 GEMM (_engine/fp8.py) ----------------------------------------------------------------
 _scaled_mm = getattr(torch, "_scaled_mm", None)
@@ -164,7 +229,7 @@ set_native_autocast_dtype = _C.set_autocast_dtype
 autocast_cache_enabled = _C.is_autocast_cache_enabled
 set_autocast_cache_enabled = _C.set_autocast_cache_enabled
 #: torch.autocast's nesting count and the C function that clears native's cast cache (the
-#: Python ``torch.clear_autocast_cache`` is patched while a region is open: ``_torch.autocast``).
+#: Python ``torch.clear_autocast_cache`` is patched while a region is open: ``_engine.torch_autocast``).
 increment_autocast_nesting = torch.autocast_increment_nesting
 decrement_autocast_nesting = torch.autocast_decrement_nesting
 clear_native_autocast_cache = _C.clear_autocast_cache

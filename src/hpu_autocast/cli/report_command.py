@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import torch
 
-from ..policies._devices import REGION_DEVICE_TYPES
+from .._facts.devices import REGION_DEVICE_TYPES
 from ..policies.builder import policy_from_files
 
 __all__ = ["add_parser", "add_script_arguments", "check_script_arguments", "policy_of", "UsageError", "Parser",

@@ -19,7 +19,7 @@ import torch
 
 from .. import _torch
 from .._torch import OpOverload
-from . import _ops
+from .._facts import ops as _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
 from .policy import BuildRecord, CastPolicy, Policy, takes
 

@@ -33,7 +33,7 @@ import os
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _ops
+from .._facts import ops as _ops
 from ._build import Entry, build_policy, check_no_conflict, never_registered, with_lists
 from .names import PolicyError, resolve
 from .policy import Policy

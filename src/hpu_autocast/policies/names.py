@@ -19,7 +19,7 @@ import functools
 from typing import List, Optional, Tuple, Union
 
 
-from . import _ops
+from .._facts import ops as _ops
 from .. import _torch
 from .._torch import OpOverload
 

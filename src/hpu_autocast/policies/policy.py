@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 import torch
 
 from .._torch import OpOverload
-from . import _ops
+from .._facts import ops as _ops
 from .recipes import FP8_DTYPES, Delayed, Recipe, Tensorwise
 
 __all__ = ["CastPolicy", "Policy", "BuildRecord", "EXPLICIT_DTYPE"]

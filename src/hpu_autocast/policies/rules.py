@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from ._devices import tensor_on
+from .._facts.devices import tensor_on
 from .policy import CastPolicy
 
 __all__ = ["is_eligible", "eligibility", "compute_dtype", "has_explicit_dtype", "PromoteError"]

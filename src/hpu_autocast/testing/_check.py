@@ -436,7 +436,7 @@ def _float32_inputs(event: Event) -> List[Tuple[str, torch.Tensor]]:
     if event.action is CastPolicy.FP32:
         return [(c.arg, c.tensor) for c in event.casts]
     first = event.args[0] if event.args else None
-    return [(event.op._schema.arguments[0].name, first)] if isinstance(first, torch.Tensor) else []
+    return [(_torch.schema(event.op).arguments[0].name, first)] if isinstance(first, torch.Tensor) else []
 
 
 def _with_calls(d: Deviation, n: int) -> Deviation:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from .. import _engine, _torch
 from .._torch import OpOverload
-from ..policies import _ops
+from .._facts import ops as _ops
 from .. import mode as _mode
 from ..policies.policy import CastPolicy, Policy
 from ..policies.presets import get_preset, preset_names
@@ -258,7 +258,7 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
     name = _ops.op_base_name(op)
     # Read once: torch before 2.9 builds new Argument objects, which compare by identity, on
     # every read of FunctionSchema.arguments, and the membership tests below need the same ones.
-    arguments = list(op._schema.arguments)
+    arguments = list(_torch.schema(op).arguments)
     dtypes = list(dtypes)
     positional, required_kw = _required(op, arguments, name, max_side)
 

@@ -47,16 +47,16 @@ from __future__ import annotations
 import warnings
 from typing import Callable, Dict
 
-import torch
 
-from .._engine import regions as _regions
-from ..policies._table import policy_serial
+from .. import _torch
+from . import regions as _regions
+from .compiled import policy_serial
 from ..policies.presets import get_preset
 
 __all__ = ["PATCHED", "install", "restore"]
 
 #: The classes whose ``__call__`` is every call from Python into TorchScript.
-PATCHED = (torch._C.ScriptFunction, torch._C.ScriptMethod)
+PATCHED = (_torch.ScriptFunction, _torch.ScriptMethod)
 #: The preset whose scripted code native autocast casts, by the device it casts.
 _NATIVE_PRESET = {"cpu": "torch-cpu"}
 
@@ -67,17 +67,17 @@ def _call_as_native(frame: _regions.Frame, call: Callable, fn, args: tuple, kwar
     """``call(fn, ...)`` with native autocast on for the region's device, in its dtype, with
     native's cast cache off (see the Note)."""
     device = frame.region.device_type
-    before = (torch._C.is_autocast_enabled(device), torch._C.get_autocast_dtype(device),
-              torch._C.is_autocast_cache_enabled())
-    torch._C.set_autocast_enabled(device, True)
-    torch._C.set_autocast_dtype(device, frame.dtype)
-    torch._C.set_autocast_cache_enabled(False)
+    before = (_torch.native_autocast_enabled(device), _torch.native_autocast_dtype(device),
+              _torch.autocast_cache_enabled())
+    _torch.set_native_autocast_enabled(device, True)
+    _torch.set_native_autocast_dtype(device, frame.dtype)
+    _torch.set_autocast_cache_enabled(False)
     try:
         return call(fn, *args, **kwargs)
     finally:
-        torch._C.set_autocast_enabled(device, before[0])
-        torch._C.set_autocast_dtype(device, before[1])
-        torch._C.set_autocast_cache_enabled(before[2])
+        _torch.set_native_autocast_enabled(device, before[0])
+        _torch.set_native_autocast_dtype(device, before[1])
+        _torch.set_autocast_cache_enabled(before[2])
 
 
 def _reproduces_native(frame: _regions.Frame) -> bool:
@@ -95,14 +95,14 @@ def _has_graph(fn) -> bool:
 
 
 def _name(fn) -> str:
-    if isinstance(fn, torch._C.ScriptMethod):
+    if isinstance(fn, _torch.ScriptMethod):
         return f"{fn.owner._type().name()}.{fn.name}"
     return fn.name
 
 
 def _refusal(fn, frame: _regions.Frame) -> RuntimeError:
     region = frame.region
-    kind = "method" if isinstance(fn, torch._C.ScriptMethod) else "function"
+    kind = "method" if isinstance(fn, _torch.ScriptMethod) else "function"
     return RuntimeError(
         f"hpu_autocast: the TorchScript {kind} {_name(fn)!r} was called inside a region of policy "
         f"{region.compiled.policy.name!r} ({str(frame.dtype).replace('torch.', '')} on {region.device_type}). "

@@ -60,7 +60,7 @@ def _takes_tensors(op: OpOverload) -> bool:
     # TorchScript's scalar/list overloads (aten::mul.int, aten::mul.left_t) take no tensor
     # and never reach the dispatcher with one.
     try:
-        return any("Tensor" in str(a.type) for a in op._schema.arguments)
+        return any("Tensor" in str(a.type) for a in _torch.schema(op).arguments)
     except RuntimeError:
         return False
 
@@ -73,18 +73,18 @@ def is_composite(op: OpOverload) -> bool:
 
 def is_out(op: OpOverload) -> bool:
     """True for ``out=`` overloads: they write keyword-only tensor arguments."""
-    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in _torch.schema(op).arguments)
 
 
 def is_inplace(op: OpOverload) -> bool:
     """True for in-place overloads (``aten.add_.Tensor``): they write their ``self``."""
-    args = op._schema.arguments
+    args = _torch.schema(op).arguments
     return bool(args) and not is_out(op) and args[0].alias_info is not None and args[0].alias_info.is_write
 
 
 def is_functional(op: OpOverload) -> bool:
     """True when the overload writes none of its arguments."""
-    return not op._schema.is_mutable
+    return not _torch.schema(op).is_mutable
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,7 +95,7 @@ def is_view(op: OpOverload) -> bool:
     written ``Tensor(a!)`` and compute."""
     if _INPLACE_VIEW is not None and _INPLACE_VIEW in op.tags:
         return True
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in _torch.schema(op).returns)
 
 
 _INPLACE_VIEW = getattr(torch.Tag, "inplace_view", None)
@@ -103,7 +103,7 @@ _INPLACE_VIEW = getattr(torch.Tag, "inplace_view", None)
 
 def op_base_name(op: OpOverload) -> str:
     """``aten.add_.Tensor`` -> ``add_``."""
-    return op._schema.name.split("::", 1)[-1]
+    return _torch.schema(op).name.split("::", 1)[-1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,7 +111,7 @@ def written_positions(op: OpOverload) -> tuple:
     """Positions and names of the arguments ``op`` writes: ``((index, name), ...)``."""
     unmarked = UNMARKED_WRITES.get(op_base_name(op), ())
     out = []
-    for i, a in enumerate(op._schema.arguments):
+    for i, a in enumerate(_torch.schema(op).arguments):
         if (a.alias_info is not None and a.alias_info.is_write) or a.name in unmarked:
             out.append((i, a.name))
     return tuple(out)
@@ -122,10 +122,10 @@ def result_positions(op: OpOverload) -> tuple:
     """The written arguments ``op`` returns (an in-place ``self``, ``out=``): ``((index, name), ...)``.
     Its other writes (batch norm's running statistics) are side effects."""
     returned = set()
-    for r in op._schema.returns:
+    for r in _torch.schema(op).returns:
         if r.alias_info is not None and r.alias_info.is_write:
             returned |= set(r.alias_info.before_set)
-    return tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+    return tuple((i, a.name) for i, a in enumerate(_torch.schema(op).arguments)
                  if a.alias_info is not None and a.alias_info.is_write and set(a.alias_info.before_set) & returned)
 
 
@@ -220,12 +220,12 @@ def _is_dtype(a) -> bool:
 def dtype_positions(op: OpOverload) -> tuple:
     """Positions of ``op``'s arguments typed ``ScalarType`` or ``ScalarType?`` (a call passing
     one there passes an explicit dtype)."""
-    return tuple(i for i, a in enumerate(op._schema.arguments) if _is_dtype(a))
+    return tuple(i for i, a in enumerate(_torch.schema(op).arguments) if _is_dtype(a))
 
 
 def optional_dtype_positions(op: OpOverload) -> tuple:
     """Positions of ``op``'s ``ScalarType?`` arguments: what ``fp32_set_opt_dtype`` sets."""
-    return tuple(i for i, a in enumerate(op._schema.arguments)
+    return tuple(i for i, a in enumerate(_torch.schema(op).arguments)
                  if _is_dtype(a) and isinstance(a.type, _torch.OptionalType))
 
 
@@ -237,7 +237,7 @@ def tensor_walk(op: OpOverload) -> Optional[tuple]:
     positions among the first ``n`` that are typed so, in argument order.
     ``None`` where the schema takes a list of tensors or a keyword-only tensor (``out=``)."""
     slots, positional = [], 0
-    for i, a in enumerate(op._schema.arguments):
+    for i, a in enumerate(_torch.schema(op).arguments):
         t = a.type.getElementType() if isinstance(a.type, _torch.OptionalType) else a.type
         if isinstance(t, _torch.TensorType) and not a.kwarg_only:
             slots.append(i)
@@ -249,7 +249,7 @@ def tensor_walk(op: OpOverload) -> Optional[tuple]:
 
 def first_is_tensor(op: OpOverload) -> bool:
     """Whether ``op``'s first argument is a ``Tensor`` (the float32 dtype policies read it)."""
-    args = op._schema.arguments
+    args = _torch.schema(op).arguments
     return bool(args) and isinstance(args[0].type, _torch.TensorType)
 
 
@@ -261,7 +261,7 @@ def append_dtype_overload(op: OpOverload) -> Optional[OpOverload]:
     target = overload_named(name) if name is not None else None
     if target is None:
         return None
-    mine, theirs = op._schema.arguments, target._schema.arguments
+    mine, theirs = _torch.schema(op).arguments, _torch.schema(target).arguments
     if len(theirs) != len(mine) + 1 or not _is_dtype(theirs[-1]) or isinstance(theirs[-1].type, _torch.OptionalType):
         return None
     return target

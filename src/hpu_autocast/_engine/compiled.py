@@ -16,11 +16,11 @@ from typing import Dict, Optional
 
 import torch
 
-from . import _ops
 from .. import _torch
+from .._facts import ops as _ops
+from .._facts.devices import MIXED_PARAMS_DEVICES
 from .._torch import OpOverload
-from ._devices import MIXED_PARAMS_DEVICES
-from .policy import CastPolicy, Policy
+from ..policies.policy import CastPolicy, Policy
 
 __all__ = ["OpRule", "CompiledPolicy", "compile_policy"]
 
@@ -53,7 +53,7 @@ class OpRule:
         #: computes into copies in its dtype, written back into them (``_inplace.write_back``).
         self.into = frozenset(name for _, name in _ops.result_positions(op))
         self.banned = banned
-        self.arg_names = tuple(a.name for a in op._schema.arguments)
+        self.arg_names = tuple(a.name for a in _torch.schema(op).arguments)
         #: Where a call's tensors can be, by its count of positional arguments (``_ops.tensor_walk``),
         #: for the cast walk to look up rather than find per call; ``None``: found per call (a list
         #: of tensors, ``out=``, or an input-only rule, whose first tensor depends on the device).

@@ -67,20 +67,18 @@ turns it back on with a warning (a loop that catches a failed step and goes on).
 
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
 from contextvars import ContextVar
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
-import torch.optim.optimizer as _optimizer
 import torch.utils.checkpoint as _checkpoint
 
 from .. import _torch
-from .._engine import dispatch as _dispatch, entry as _entry, kernels as _kernels, regions as _regions
-from ..policies._table import compile_policy
-from . import compile_guard as _compile_guard, torchscript as _torchscript
+from .._torch import compile_guard as _compile_guard
+from . import dispatch as _dispatch, entry as _entry, kernels as _kernels, regions as _regions, torchscript as _torchscript
+from .compiled import compile_policy
 
 __all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region"]
 
@@ -197,10 +195,10 @@ def recompute_in_region(fn: Callable) -> Callable:
 
 
 # torch's own functions (the patched ones are ``torch``'s attributes, not ``torch._C``'s).
-_native_enabled = torch._C.is_autocast_enabled
-_native_dtype = torch._C.get_autocast_dtype
-_native_set_enabled = torch._C.set_autocast_enabled
-_native_set_dtype = torch._C.set_autocast_dtype
+_native_enabled = _torch.native_autocast_enabled
+_native_dtype = _torch.native_autocast_dtype
+_native_set_enabled = _torch.set_native_autocast_enabled
+_native_set_dtype = _torch.set_native_autocast_dtype
 
 
 def _native_state() -> Tuple[Tuple[str, bool, torch.dtype], ...]:
@@ -253,11 +251,8 @@ def _region_of(state: _regions.State, opt_out: Optional[tuple] = None) -> _regio
     return _regions.Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
 
 
-#: The generator non-reentrant ``checkpoint`` calls: from torch 2.14, ``..._impl`` (the old name is
-#: kept as a shim ``checkpoint`` no longer calls; patching it left recomputations to native
-#: autocast there).
-_GENERATOR = next(n for n in ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
-                  if hasattr(_checkpoint, n))
+#: The generator non-reentrant ``checkpoint`` calls (its name changed in torch 2.14: ``_torch``).
+_GENERATOR = _torch.CHECKPOINT_GENERATOR
 
 
 def _checkpoint_without_reentrant_generator(fn, *args, **kwargs):
@@ -326,7 +321,7 @@ _STEPS: ContextVar[tuple] = ContextVar("hpu_autocast_steps", default=())
 
 
 def _running(caller) -> bool:
-    frame = sys._getframe(2)
+    frame = _torch.caller_frame(2)
     while frame is not None:
         if frame is caller:
             return True
@@ -344,7 +339,7 @@ def _step_pre_hook(optimizer, args: tuple, kwargs: dict):
             warnings.warn("hpu_autocast: an optimizer step raised inside a region, and casting stayed off "
                           "from it until this step (torch calls no hook after a step that raises); take "
                           "optimizer steps outside the region", RuntimeWarning, stacklevel=3)
-    step = _Step(sys._getframe(1))
+    step = _Step(_torch.caller_frame(1))
     _STEPS.set(running + (step,))
     frame = _regions.innermost()
     if frame is None or not frame.enabled or frame.region.compiled is None:
@@ -361,7 +356,7 @@ def _step_pre_hook(optimizer, args: tuple, kwargs: dict):
 
 def _step_post_hook(optimizer, args: tuple, kwargs: dict) -> None:
     steps = _STEPS.get()
-    caller = sys._getframe(1)
+    caller = _torch.caller_frame(1)
     for i in range(len(steps) - 1, -1, -1):
         if steps[i].caller is caller:
             # Steps above it raised inside it (and it caught that): their state goes too.
@@ -391,8 +386,7 @@ def _closure_in_region(closure: Callable, step: _Step) -> Callable:
 #: (torch's dict of global hooks, hook) pairs installed while a region is open. The hooks go into
 #: the dicts ``register_optimizer_step_pre_hook``/``post_hook`` fill, under a key of their own:
 #: those functions build a ``RemovableHandle`` each time, a cost at every region.
-HOOKS = [(_optimizer._global_optimizer_pre_hooks, _step_pre_hook),
-         (_optimizer._global_optimizer_post_hooks, _step_post_hook)]
+HOOKS = [(_torch.OPTIMIZER_STEP_HOOKS[0], _step_pre_hook), (_torch.OPTIMIZER_STEP_HOOKS[1], _step_post_hook)]
 _HOOK_KEY = "hpu_autocast"
 
 
@@ -419,7 +413,7 @@ _ITEMS = tuple((vars(owner), name, new) for owner, name, new in PATCHED)
 def _getter_pairs() -> list:
     """(torch's function, ours) for each patched torch function."""
     return [(_real[name], new) for owner, name, new in PATCHED
-            if owner in (torch, torch._C) and name != "clear_autocast_cache"]
+            if owner is not _checkpoint and name != "clear_autocast_cache"]
     # (clear_autocast_cache is left out: Dynamo puts torch's in the graph, and ours, a function of
     # a package Dynamo skips, then breaks the graph and runs eagerly, clearing the region's cache.)
 
