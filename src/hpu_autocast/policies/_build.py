@@ -12,6 +12,8 @@ first four lists is an error naming both entries.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -23,7 +25,7 @@ from . import _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
 from .policy import BuildRecord, CastPolicy, Policy, takes
 
-__all__ = ["build_policy", "with_lists", "edit_policy", "EDIT_KINDS", "check_no_conflict", "Entry"]
+__all__ = ["build_policy", "with_lists", "edit_policy", "user_stacklevel", "EDIT_KINDS", "check_no_conflict", "Entry"]
 
 #: An op name and where it came from (``(file, line)`` or ``None``), for messages.
 Entry = Tuple[str, Optional[Source]]
@@ -167,11 +169,21 @@ def _cpp_hint(name: str, why: str) -> str:
     return f"; its C++ name is {cpp}"
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` called by the caller of this function
+    point at the first frame outside this package: the user's line, however deep the package's
+    own calls go (Python 3.12's ``skip_file_prefixes``, for every Python this package runs on)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 _warned: set = set()
 
 
-def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool,
-                    stacklevel: int = 3) -> Tuple[Tuple[str, str, str], ...]:
+def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool) -> Tuple[Tuple[str, str, str], ...]:
     """``Policy.ignored`` of a build; with ``warn``, a warning for each name not warned about yet."""
     for name, source, list_name, why in skipped.ignored:
         key = (name, source[0] if source else None)  # once per name and file
@@ -179,7 +191,7 @@ def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool,
             _warned.add(key)
             warnings.warn(f"{describe(name, source)} on the {list_name} list has no effect under policy "
                           f"{policy_name!r}, as on Gaudi: {why}{_cpp_hint(name, why)}", UserWarning,
-                          stacklevel=stacklevel)
+                          stacklevel=user_stacklevel())
     return tuple((name, list_name, why) for name, _, list_name, why in skipped.ignored)
 
 
@@ -362,7 +374,8 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     replaced = {arg for (_, arg, _), names in zip(_EXCLUSIVE, asked.values()) if names is not None}
     replaced |= {"promote"} if promote is not None else set()
     ignored = tuple(i for i in policy.ignored if i[1] not in replaced) + _record_ignored(skipped, policy.name, True)
-    record = dataclasses.replace(policy.record, ignored=ignored)
+    dropped = tuple((str(op), a.value) for op, a in policy.table.items() if op not in table)
+    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped)
     return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",
                                input_only=input_only, promoted=frozenset(pro), record=record)
 
@@ -438,8 +451,10 @@ def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[It
         table[op] = action
     input_only = {op for op in policy.input_only if table.get(op) is CastPolicy.LOWER}
     banned = {op: m for op, m in policy.banned.items() if op not in seen}
-    ignored = policy.ignored + _record_ignored(skipped, policy.name, True, stacklevel=4)
-    record = dataclasses.replace(policy.record, ignored=ignored)
+    ignored = policy.ignored + _record_ignored(skipped, policy.name, True)
+    kept = {str(op) for op in table}
+    dropped = tuple(d for d in policy.record.dropped if d[0] not in kept)  # an op edited back is no longer dropped
+    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped)
     return dataclasses.replace(policy, name=name or _edit_suffix(policy.name), table=table, input_only=input_only,
                                banned=banned, promoted=frozenset(promoted), record=record)
 

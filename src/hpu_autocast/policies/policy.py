@@ -137,8 +137,13 @@ class BuildRecord:
     #: The list names the policy does not apply, as ``(name, list, why)``: under
     #: ``c_names_only``, Python names (``iadd``) and in-place or ``out=`` ones (``add_``).
     ignored: tuple = ()
+    #: The ops of the policy a ``with_lists`` (or a list file) started from that the new lists
+    #: left on no list, as ``(overload name, the kind it had)``, in table order: a region of the
+    #: policy warns of them once (``builder.as_policy``).
+    dropped: tuple = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dropped", tuple(map(tuple, self.dropped)))
         object.__setattr__(self, "missing", tuple(self.missing))
         object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
 
