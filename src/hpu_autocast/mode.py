@@ -11,7 +11,7 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-from . import _engine
+from . import _engine, _explain
 from .policies import _devices
 from .policies._table import compile_policy
 from .policies.builder import as_policy as _as_policy
@@ -170,6 +170,8 @@ class HpuAutocastMode:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         region = self._regions.pop(threading.get_ident(), None)
+        if exc is not None and self.enabled:
+            _explain.note(exc, self.policy, self.dtype)  # a dtype mismatch gets a note (its Note)
         if region is not None:
             _engine.exit(region)
         elif self._regions:
