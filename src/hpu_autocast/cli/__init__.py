@@ -95,7 +95,22 @@ def policies_markdown() -> str:
            "floating input dtype (an in-place overload on the promote list keeps its first input's dtype);",
            "`fp32_set_opt_dtype` sets an unset dtype argument to float32 and casts nothing, `fp32_append_dtype`",
            "calls the overload with a dtype argument, float32 (ATen's two float32 dtype policies).",
-           "Ops on no list run as their inputs are unless a preset says otherwise below.", ""]
+           "Ops on no list run as their inputs are unless a preset says otherwise below.", "",
+           "## Changing a policy", "",
+           "To move a few ops and keep every other op where it was, **edit** the policy: it returns a new",
+           "policy named `<name>+edit` (op names in any spelling `build_policy` takes; unknown names, an op",
+           "under two kinds, and a kind an op cannot take are errors):", "",
+           "```python",
+           "policy = get_preset(\"hpu\").edit(lower=[\"gelu\"], fp32=[\"softmax\"], unlisted=[\"dropout\"])",
+           "with HpuAutocastMode(torch.bfloat16, policy=policy):",
+           "    ...",
+           "```", "",
+           "The kinds are `lower`, `fp32`, `fp32_set_opt_dtype`, `fp32_append_dtype`, `promote`, `first`",
+           "and `unlisted` (off the table). `with_lists(policy, lower=[...])` and list files instead",
+           "**replace** a kind's whole list, as Gaudi's `PT_HPU_AUTOCAST_*_OPS_LIST` files do: every op of the",
+           "old list the new one does not name leaves it (a region of such a policy warns once, with the",
+           "count and the first names). `hpu-autocast policy` prints the effective table (with Gaudi's",
+           "files, when its variables are set) and the files it read.", ""]
     for name in preset_names():
         policy = get_preset(name)
         counts = {k: sum(1 for r in policy_rows(policy) if r["action"] == k) for k in _KINDS}

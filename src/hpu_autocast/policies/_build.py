@@ -338,7 +338,10 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
                fp32_append_dtype: Optional[Iterable] = None, name: Optional[str] = None,
                lower_first: bool = False) -> Policy:
     """A new policy whose lower, FP32, promote, fp32_set_opt_dtype and/or fp32_append_dtype lists
-    are replaced by these names.
+    are REPLACED by these names, as Gaudi's list files replace theirs: every op of a replaced list
+    that the new one does not name leaves it (``lower=["gelu"]`` takes linear off the ``hpu`` lower
+    list; ``BuildRecord.dropped`` records such ops, and a region of the policy warns of them once).
+    To move a few ops and keep the rest, use ``Policy.edit``.
 
     Each list holds op names or ``(name, (file, line))`` entries, every one of which must
     resolve; a list left ``None`` keeps the policy's own. An op on two given lists (say lower

@@ -2,7 +2,8 @@
 region runs for a preset name.
 
     build_policy(name, lower=[...], fp32=[...], promote=[...])   a policy from op names
-    with_lists(policy, lower=[...])                               a policy with lists replaced
+    policy.edit(lower=[...], fp32=[...])                          a policy with ops moved, the rest kept
+    with_lists(policy, lower=[...])                               a policy with whole lists REPLACED
     read_list(path)                                               a list file's names, with lines
     policy_from_files(preset, lower=path, fp32=path)              Gaudi's and HMP's list files
     policy_from_env()                                             Gaudi's environment variables
