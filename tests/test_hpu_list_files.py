@@ -63,10 +63,13 @@ def test_an_op_on_both_files_is_lower_precision(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_LOWER, _file(tmp_path, "lower.txt", "exp\n"))
     monkeypatch.setenv(ENV_FP32, _file(tmp_path, "fp32.txt", "exp\nlog\n"))
     x = torch.randn(3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with HpuAutocastMode(device_type="cpu"):
-            exp, log = torch.exp(x), torch.log(x.abs().bfloat16())
+    # Issue 37: it was lower with no word; the warning names both files and lines, at the user's line.
+    with pytest.warns(UserWarning, match=r"fp32.txt, line 1: 'exp' is also on the lower file \(.*lower.txt, line 1, "
+                                         r"as 'exp'\): it runs in lower precision") as caught:
+        mode = HpuAutocastMode(device_type="cpu")
+    assert {w.filename for w in caught} == {__file__}
+    with mode:
+        exp, log = torch.exp(x), torch.log(x.abs().bfloat16())
     assert torch.equal(exp, torch.exp(x.bfloat16())) and log.dtype == torch.float32
 
 

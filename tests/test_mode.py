@@ -347,8 +347,9 @@ def test_record_and_report_with_the_decorator():
     step(A, B)
     rows = {r.op: (r.action, r.compute, r.calls) for r in mode.report().rows}
     assert rows == {"aten.mm.default": ("lower", "bf16", 1), "aten.exp.default": ("fp32", "f32", 1)}
-    step(A, B)  # the report is of the last call's region
-    assert [r.calls for r in mode.report().rows] == [1, 1]
+    step(A, B)  # the report covers every call's region; last=True the last one's (issue 37)
+    assert [r.calls for r in mode.report().rows] == [2, 2]
+    assert [r.calls for r in mode.report(last=True).rows] == [1, 1]
     with pytest.raises(RuntimeError, match="record=True"):
         HpuAutocastMode().report()
 

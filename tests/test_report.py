@@ -216,9 +216,33 @@ def test_mode_record_and_report():
     with mode:
         F.cross_entropy(F.relu(lin(x)), y)
     assert str(mode.report()) == EXPECTED
-    with mode:  # report() is of the last region
+    with mode:  # report() covers every region (issue 37); last=True is the last region's
         lin(x)
-    assert [r.op for r in mode.report().rows] == ["aten.linear.default"]
+    assert [r.op for r in mode.report(last=True).rows] == ["aten.linear.default"]
+    linear = [r for r in mode.report().rows if r.op == "aten.linear.default"]
+    assert [r.calls for r in linear] == [2] and len(mode.report().rows) > 1
+
+
+@_needs_integration
+def test_record_keeps_every_region_of_a_loop_and_resets():
+    # A training loop's steps: the oracle is one Recorder observing all of them (observer=).
+    lin, x, y = _model()
+    mode, rec = HpuAutocastMode(device_type="cpu", record=True), Recorder()
+    watched = HpuAutocastMode(device_type="cpu", observer=rec)
+    for _ in range(3):
+        for m in (mode, watched):
+            with m:
+                loss = F.cross_entropy(F.relu(lin(x)), y)
+            loss.backward()
+    assert mode.report().to_dict()["rows"] == rec.report().to_dict()["rows"]
+    assert {r.calls for r in mode.report().rows} == {3}
+    assert {r.calls for r in mode.report(last=True).rows} == {1}
+    mode.reset_report()
+    with pytest.raises(RuntimeError, match="not been entered"):
+        mode.report()
+    with mode:
+        lin(x)
+    assert [(r.op, r.calls) for r in mode.report().rows] == [("aten.linear.default", 1)]
     with pytest.raises(RuntimeError, match=r"needs HpuAutocastMode\(..., record=True\)"):
         HpuAutocastMode().report()
 
@@ -295,3 +319,23 @@ def test_report_shows_the_float32_dtype_policies():
         "aten.norm.Scalar  fp32_append_dtype   bf16 -> f32          1      0           0      -",
     ]
     assert "warnings" not in str(rec.report())
+
+
+def test_report_script_covers_the_regions_the_script_opens_itself(tmp_path, capsys):
+    # Was: the script's own region was the innermost, and its forward (linear) was missing from
+    # the report with no note. The oracle: the same loop recorded by hand, record=True.
+    from hpu_autocast.cli import main
+
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import torch\nfrom hpu_autocast import HpuAutocastMode\n"
+        "lin = torch.nn.Linear(4, 4)\n"
+        "for _ in range(2):\n"
+        "    with HpuAutocastMode(torch.bfloat16, policy='torch-cpu', device_type='cpu'):\n"
+        "        torch.mm(torch.randn(2, 4), lin.weight)\n")
+    assert main(["report", "--device-type", "cpu", str(script)]) == 0
+    out = capsys.readouterr().out
+    mm = [line.split() for line in out.splitlines() if line.startswith("aten.mm.default")]
+    assert mm and mm[0][1:4] == ["lower", "f32,f32", "->"] and mm[0][5] == "2"  # two calls, both regions
+    assert "note: this report includes the 2 region(s) the script opened itself" in out
+    assert "2 x torch-cpu (bfloat16)" in out

@@ -11,7 +11,7 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-from . import _engine
+from . import _engine, _explain
 from ._facts import devices as _devices
 from ._engine.compiled import compile_policy
 from .policies.builder import as_policy as _as_policy
@@ -137,7 +137,9 @@ class HpuAutocastMode:
         self.dtype = dtype
         self.cache_enabled = _devices.default_cache_enabled(device_type) and cache_enabled is not False
         self.observer = observer
-        self._recorder = None
+        #: record=True: every region's entries (``report()``), and the last region's alone.
+        self._recorder: Optional[Recorder] = None
+        self._last_recorder: Optional[Recorder] = None
         #: The open region of each thread that entered this mode (one mode may serve several
         #: threads at once, as a torch.autocast object does; a thread enters it once at a time).
         self._regions: Dict[int, _engine.Region] = {}
@@ -156,9 +158,11 @@ class HpuAutocastMode:
             raise RuntimeError("this HpuAutocastMode is already entered in this thread; create a new one to nest")
         observer = self.observer
         if self.verbose or self.record:
-            if self.record:
-                self._recorder = Recorder(self.policy_name, self.dtype, self._recipe())
-            observer = combine_observers(observer, make_log_observer() if self.verbose else None, self._recorder)
+            recorders = self._new_region_recorders() if self.record else (None, None)
+            observer = combine_observers(observer, make_log_observer() if self.verbose else None, *recorders)
+        if _watchers:  # hpu-autocast report SCRIPT: every region the script opens reports too
+            observer = combine_observers(observer, *_watchers)
+            _opened.append((self.policy_name, self.dtype))
         compiled = compile_policy(self.policy) if self.enabled else None
         device = self.device_type or _outer_device()
         # A disabled region given no device turns all casting off, torch.autocast's too (disable_casts).
@@ -170,6 +174,8 @@ class HpuAutocastMode:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         region = self._regions.pop(threading.get_ident(), None)
+        if exc is not None and self.enabled:
+            _explain.note(exc, self.policy, self.dtype)  # a dtype mismatch gets a note (its Note)
         if region is not None:
             _engine.exit(region)
         elif self._regions:
@@ -197,11 +203,12 @@ class HpuAutocastMode:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             clone = self._clone()
+            clone._recorder = self._recorder  # every call's region adds to this mode's report
             try:
                 with clone:
                     return fn(*args, **kwargs)
             finally:
-                self._recorder = clone._recorder
+                self._recorder, self._last_recorder = clone._recorder, clone._last_recorder
 
         return wrapper
 
@@ -252,19 +259,55 @@ class HpuAutocastMode:
         # observer must be picklable itself.
         return (_mode_from_settings, (self.dtype, self._settings()))
 
-    def report(self):
-        """The ``PrecisionReport`` of this mode's last region (``record=True``): what ran in
-        which dtype, the casts inserted, the matmul/conv FLOPs by dtype, and warnings."""
+    def _new_region_recorders(self):
+        """``(every region's recorder, this region's)``: the first made at the first entry (or
+        after ``reset_report``), the second at each."""
+        if self._recorder is None:
+            self._recorder = Recorder(self.policy_name, self.dtype, self._recipe())
+        self._last_recorder = Recorder(self.policy_name, self.dtype, self._recipe())
+        return self._recorder, self._last_recorder
+
+    def report(self, *, last: bool = False):
+        """The ``PrecisionReport`` of every region this mode opened (``record=True``), a training
+        loop's steps together, since it was made or ``reset_report()``: what ran in which dtype, the
+        casts inserted, the matmul/conv FLOPs by dtype, and warnings. ``last=True``: the last
+        region's alone."""
         if not self.record:
             raise RuntimeError("HpuAutocastMode.report() needs HpuAutocastMode(..., record=True): "
                                "recording costs time per call, so it is off unless asked for")
-        if self._recorder is None:
+        recorder = self._last_recorder if last else self._recorder
+        if recorder is None:
             raise RuntimeError("HpuAutocastMode.report(): this mode has not been entered yet")
-        return self._recorder.report()
+        return recorder.report()
+
+    def reset_report(self) -> None:
+        """Forget what ``report()`` covers: the next region starts a new report."""
+        self._recorder = self._last_recorder = None
 
     def __repr__(self) -> str:
         return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy_name!r}, device_type={self.device_type!r}, "
                 f"enabled={self.enabled}, cache_enabled={self.cache_enabled})")
+
+
+#: Observers every region entered reports to as well, and the (policy, dtype) of each region
+#: entered meanwhile (``watch``).
+_watchers: tuple = ()
+_opened: list = []
+
+
+@contextlib.contextmanager
+def watch(observer: Callable[[Event], None]) -> Iterator[list]:
+    """Make every region entered in the body report to ``observer`` too, its own observer kept,
+    and yield the list of ``(policy name, dtype)`` of the regions entered (``hpu-autocast report
+    SCRIPT``: the regions a script opens itself). Not nestable."""
+    global _watchers, _opened
+    if _watchers:
+        raise RuntimeError("hpu_autocast.mode.watch is already active")
+    _watchers, _opened = (observer,), []
+    try:
+        yield _opened
+    finally:
+        _watchers = ()
 
 
 def _mode_from_settings(dtype: torch.dtype, settings: dict) -> HpuAutocastMode:

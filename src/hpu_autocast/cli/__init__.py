@@ -21,11 +21,12 @@ import json
 import os
 import sys
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import gaudi_check as _gaudi_check, report_command as _report_cli, tune_command as _tune_cli
 from .report_command import Parser, UsageError
-from ..policies.builder import check_findings, policy_from_files, read_list
+from ..policies.builder import (DEFAULT_PRESET, ENV_FP32, ENV_LOWER, as_policy, bridge_findings, check_findings, pair_findings, policy_from_bridge_files,
+                                policy_from_files, read_list)
 from ..policies.policy import CastPolicy, Policy
 from ..policies.presets import get_preset, preset_names
 from ..policies.names import PolicyError, resolve
@@ -94,7 +95,22 @@ def policies_markdown() -> str:
            "floating input dtype (an in-place overload on the promote list keeps its first input's dtype);",
            "`fp32_set_opt_dtype` sets an unset dtype argument to float32 and casts nothing, `fp32_append_dtype`",
            "calls the overload with a dtype argument, float32 (ATen's two float32 dtype policies).",
-           "Ops on no list run as their inputs are unless a preset says otherwise below.", ""]
+           "Ops on no list run as their inputs are unless a preset says otherwise below.", "",
+           "## Changing a policy", "",
+           "To move a few ops and keep every other op where it was, **edit** the policy: it returns a new",
+           "policy named `<name>+edit` (op names in any spelling `build_policy` takes; unknown names, an op",
+           "under two kinds, and a kind an op cannot take are errors):", "",
+           "```python",
+           "policy = get_preset(\"hpu\").edit(lower=[\"gelu\"], fp32=[\"softmax\"], unlisted=[\"dropout\"])",
+           "with HpuAutocastMode(torch.bfloat16, policy=policy):",
+           "    ...",
+           "```", "",
+           "The kinds are `lower`, `fp32`, `fp32_set_opt_dtype`, `fp32_append_dtype`, `promote`, `first`",
+           "and `unlisted` (off the table). `with_lists(policy, lower=[...])` and list files instead",
+           "**replace** a kind's whole list, as Gaudi's `PT_HPU_AUTOCAST_*_OPS_LIST` files do: every op of the",
+           "old list the new one does not name leaves it (a region of such a policy warns once, with the",
+           "count and the first names). `hpu-autocast policy` prints the effective table (with Gaudi's",
+           "files, when its variables are set) and the files it read.", ""]
     for name in preset_names():
         policy = get_preset(name)
         counts = {k: sum(1 for r in policy_rows(policy) if r["action"] == k) for k in _KINDS}
@@ -105,28 +121,66 @@ def policies_markdown() -> str:
     return "\n".join(out)
 
 
-def _effective_policy(ns: argparse.Namespace) -> Policy:
+def _effective_policy(ns: argparse.Namespace) -> Tuple[Policy, List[str]]:
+    """The policy a region of ``--preset`` runs, and the files it read (``NAME=path`` or
+    ``--flag path``): the list flags' files, else Gaudi's variables' for the default preset
+    (builder's Note: one effective policy)."""
     if ns.lower_list or ns.fp32_list:
-        return policy_from_files(ns.preset, lower=ns.lower_list, fp32=ns.fp32_list)
-    return get_preset(ns.preset)
+        read = [f"{flag} {path}" for flag, path in (("--lower-list", ns.lower_list), ("--fp32-list", ns.fp32_list))
+                if path]
+        return policy_from_files(ns.preset, lower=ns.lower_list, fp32=ns.fp32_list), read
+    if ns.preset != DEFAULT_PRESET:
+        return get_preset(ns.preset), []
+    read = [f"{name}={os.environ[name]}" for name in (ENV_LOWER, ENV_FP32) if os.environ.get(name)]
+    return as_policy(ns.preset), read
 
 
 def _cmd_policy(ns: argparse.Namespace) -> int:
-    print(render_policy(_effective_policy(ns), ns.format))
+    policy, read = _effective_policy(ns)
+    # Note: on stderr, so that --format json stays one JSON document on stdout.
+    if read:
+        print(f"policy {policy.name!r}: read {', '.join(read)}", file=sys.stderr)
+    print(render_policy(policy, ns.format))
     return 0
 
 
-def _check_as_gaudi(files: Sequence[str]) -> int:
+def _check_gaudi_pair(lower: Optional[str], fp32: Optional[str]) -> int:
+    """The findings of a lower and an FP32 file read together as Gaudi's two variables (either
+    may be missing): an op on both, an FP32 entry the kept default lower list shadows (errors),
+    and the ops of the preset the files leave on no list (a note). The number of errors."""
+    base = get_preset("hpu")
+    entries = {arg: bridge_findings(path)[0] if path else None for arg, path in (("lower", lower), ("fp32", fp32))}
+    findings = pair_findings(base, entries["lower"], entries["fp32"]) if entries["fp32"] else []
+    for finding in findings:
+        print(f"error: {finding}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the files' own findings are printed above
+        policy = policy_from_bridge_files(base, lower=lower, fp32=fp32)
+    dropped = list(dict.fromkeys(op.split(".")[1] for op, _ in policy.record.dropped))
+    if dropped:
+        shown = ", ".join(dropped[:8]) + (f" and {len(dropped) - 8} more" if len(dropped) > 8 else "")
+        print(f"note: the files replace the hpu preset's lists and leave {len(dropped)} of its ops on no list: {shown} "
+              "(to keep them, list them too, or use get_preset('hpu').edit(...) instead of files)")
+    return len(findings)
+
+
+def _check_as_gaudi(files: Sequence[str], lower: Optional[str] = None, fp32: Optional[str] = None) -> int:
     """``check --gaudi``: what Gaudi's bridge would do with each file, every finding an error
-    (builder's Note: list files as Gaudi's bridge reads them)."""
+    (builder's Note: list files as Gaudi's bridge reads them); two files, or ``--lower`` and/or
+    ``--fp32``, are also read together as the lower and the FP32 file (``_check_gaudi_pair``)."""
+    if len(files) == 2 and lower is None and fp32 is None:
+        lower, fp32 = files
+        files = []
     bad = 0
-    for path in files:
+    for path in [*files, *(p for p in (lower, fp32) if p)]:
         findings = check_findings(path)
         for finding in findings:
             print(f"error: {finding}")
         bad += len(findings)
         if not findings:
             print(f"{path}: read by Gaudi's bridge as written")
+    if lower or fp32:
+        bad += _check_gaudi_pair(lower, fp32)
     return 1 if bad else 0
 
 
@@ -136,7 +190,10 @@ text, and every name on it must name an op this torch has (errors give the file 
 nearest valid names). Files that pass are then checked in pairs, as the loader takes a lower list
 and an FP32 list together: an op on both (by any spelling) is an error, which the loader would
 refuse. With --gaudi, each file is read as Gaudi's bridge reads it instead, and everything the bridge
-would drop, refuse or ignore is an error (docs/hpu.md). Exit status 0 when all is valid, 1 otherwise."""
+would drop, refuse or ignore is an error (docs/hpu.md); two files (or --lower and --fp32) are read
+together as the lower and the FP32 file: an op on both, and an FP32 entry that the default lower list
+keeps lower (an FP32 file alone), are errors, and the preset's ops the files leave on no list are
+noted. Exit status 0 when all is valid, 1 otherwise."""
 
 
 def _check_file(path: str) -> bool:
@@ -173,7 +230,13 @@ def _check_pair(lower: str, fp32: str) -> bool:
 
 def _cmd_check(ns: argparse.Namespace) -> int:
     if ns.gaudi:
-        return _check_as_gaudi(ns.files)
+        if not (ns.files or ns.lower or ns.fp32):
+            raise UsageError("check --gaudi: give list files (two: the lower and the FP32 file), or --lower/--fp32")
+        return _check_as_gaudi(ns.files, ns.lower, ns.fp32)
+    if not ns.files:
+        raise UsageError("check: give one or more op list files")
+    if ns.lower or ns.fp32:
+        raise UsageError("check: --lower and --fp32 name Gaudi's two list files; they go with --gaudi")
     valid = [path for path in ns.files if _check_file(path)]
     pairs = [_check_pair(a, b) for a, b in itertools.combinations(valid, 2)]
     return 0 if len(valid) == len(ns.files) and all(pairs) else 1
@@ -228,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     presets = preset_names()
 
-    p = sub.add_parser("policy", help="print a preset's effective table")
+    p = sub.add_parser("policy", help="print a preset's effective table: with Gaudi's PT_HPU_AUTOCAST_*_OPS_LIST "
+                                      "files (hpu) or --lower-list/--fp32-list applied, and the files read")
     p.add_argument("--preset", default="hpu", choices=presets)
     p.add_argument("--lower-list", metavar="FILE", help="file of op names that replaces the lower list")
     p.add_argument("--fp32-list", metavar="FILE", help="file of op names that replaces the FP32 list")
@@ -236,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_policy)
 
     p = sub.add_parser("check", help="validate op list files, alone and in pairs", description=_CHECK_HELP)
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="*", metavar="FILE")
+    p.add_argument("--lower", metavar="FILE", help="with --gaudi: the PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file")
+    p.add_argument("--fp32", metavar="FILE", help="with --gaudi: the PT_HPU_AUTOCAST_FP32_OPS_LIST file")
     p.add_argument("--gaudi", action="store_true",
                    help="report everything Gaudi's bridge would drop, refuse or ignore in these "
                         "PT_HPU_AUTOCAST_*_OPS_LIST files (docs/hpu.md)")

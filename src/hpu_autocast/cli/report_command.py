@@ -8,6 +8,7 @@ hpu_autocast.cli.report_command report ...`` runs it on its own.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import runpy
 import sys
@@ -95,7 +96,7 @@ def run(ns: argparse.Namespace) -> int:
     ``sys.exit("message")`` prints the message to stderr and gives 1, an exception prints its
     traceback (from the script's frames on) to stderr and gives 1; the report is printed and
     written first. ``KeyboardInterrupt`` propagates (after the report)."""
-    from ..mode import HpuAutocastMode
+    from ..mode import HpuAutocastMode, watch
     from ..report import Recorder
 
     check_script_arguments(ns)
@@ -109,8 +110,12 @@ def run(ns: argparse.Namespace) -> int:
     rec.policy, rec.dtype = mode.policy.name, mode.dtype  # the header, even if the script fails early
     argv, sys.argv = sys.argv, [ns.script, *ns.args]
     code, message, error = 0, None, None
+    opened: list = []
     try:
-        with mode:
+        # Note: a region the script opens itself is the innermost there, and only its own
+        # observer saw its calls (its forward was missing from the report): watch makes each
+        # such region report here too; the runner's own region is entered first, outside it.
+        with mode, watch(rec) as opened:
             try:
                 # As the interpreter does (3.9+), the script's __file__ is absolute; argv[0] is as given.
                 runpy.run_path(os.path.abspath(ns.script), run_name="__main__")
@@ -122,6 +127,11 @@ def run(ns: argparse.Namespace) -> int:
         sys.argv = argv
         report = rec.report()
         print(report)
+        if opened:
+            kinds = ", ".join(f"{n} x {p} ({str(d).replace('torch.', '')})"
+                              for (p, d), n in collections.Counter(opened).items())
+            print(f"\nnote: this report includes the {len(opened)} region(s) the script opened itself, each with "
+                  f"its own policy and dtype: {kinds}")
     if ns.json:
         with open(ns.json, "w") as f:
             f.write(report.to_json() + "\n")

@@ -12,6 +12,8 @@ first four lists is an error naming both entries.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -23,7 +25,7 @@ from .._facts import ops as _ops
 from .names import PolicyError, Source, describe, is_python_name, resolve
 from .policy import BuildRecord, CastPolicy, Policy, takes
 
-__all__ = ["build_policy", "with_lists", "check_no_conflict", "Entry"]
+__all__ = ["build_policy", "with_lists", "edit_policy", "user_stacklevel", "EDIT_KINDS", "check_no_conflict", "Entry"]
 
 #: An op name and where it came from (``(file, line)`` or ``None``), for messages.
 Entry = Tuple[str, Optional[Source]]
@@ -167,6 +169,17 @@ def _cpp_hint(name: str, why: str) -> str:
     return f"; its C++ name is {cpp}"
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` called by the caller of this function
+    point at the first frame outside this package: the user's line, however deep the package's
+    own calls go (Python 3.12's ``skip_file_prefixes``, for every Python this package runs on)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 _warned: set = set()
 
 
@@ -177,7 +190,8 @@ def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool) -> Tuple[Tu
         if warn and key not in _warned:
             _warned.add(key)
             warnings.warn(f"{describe(name, source)} on the {list_name} list has no effect under policy "
-                          f"{policy_name!r}, as on Gaudi: {why}{_cpp_hint(name, why)}", UserWarning, stacklevel=3)
+                          f"{policy_name!r}, as on Gaudi: {why}{_cpp_hint(name, why)}", UserWarning,
+                          stacklevel=user_stacklevel())
     return tuple((name, list_name, why) for name, _, list_name, why in skipped.ignored)
 
 
@@ -324,7 +338,10 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
                fp32_append_dtype: Optional[Iterable] = None, name: Optional[str] = None,
                lower_first: bool = False) -> Policy:
     """A new policy whose lower, FP32, promote, fp32_set_opt_dtype and/or fp32_append_dtype lists
-    are replaced by these names.
+    are REPLACED by these names, as Gaudi's list files replace theirs: every op of a replaced list
+    that the new one does not name leaves it (``lower=["gelu"]`` takes linear off the ``hpu`` lower
+    list; ``BuildRecord.dropped`` records such ops, and a region of the policy warns of them once).
+    To move a few ops and keep the rest, use ``Policy.edit``.
 
     Each list holds op names or ``(name, (file, line))`` entries, every one of which must
     resolve; a list left ``None`` keeps the policy's own. An op on two given lists (say lower
@@ -360,6 +377,92 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     replaced = {arg for (_, arg, _), names in zip(_EXCLUSIVE, asked.values()) if names is not None}
     replaced |= {"promote"} if promote is not None else set()
     ignored = tuple(i for i in policy.ignored if i[1] not in replaced) + _record_ignored(skipped, policy.name, True)
-    record = dataclasses.replace(policy.record, ignored=ignored)
+    dropped = tuple((str(op), a.value) for op, a in policy.table.items() if op not in table)
+    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped)
     return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",
                                input_only=input_only, promoted=frozenset(pro), record=record)
+
+
+# --- edits that keep the rest -------------------------------------------------------------------
+
+# [Note: an edit moves ops, a list replaces lists]
+# with_lists (and Gaudi's list files) *replace* a kind's list: every op of the policy's list that
+# the new one does not name leaves it (linear leaves the hpu lower list when lower=["gelu"]). An
+# edit moves only the ops it names and keeps every other op where it was, which is what a user
+# asking for "gelu in bfloat16 too" means. Names resolve as the policy's build resolved its own
+# (c_names_only: as Gaudi's bridge applies them), an op named under two kinds of one call is an
+# error naming both entries, and a kind an op cannot take (takes()) is an error naming the op.
+# "unlisted" takes ops off the table (then the policy's rule for ops on no list applies to them,
+# HMP's FIRST). An edited op leaves `banned` (the user said what it does now); one edited to
+# anything but promote leaves `promoted` only when unlisted (so a later with_lists does not put it
+# back on promote), as an op the lower list takes from promote stays promoted by with_lists' rule.
+
+#: The kinds ``edit`` moves ops to, as keyword -> the action (None: off the table).
+EDIT_KINDS: Dict[str, Optional[CastPolicy]] = {
+    "lower": CastPolicy.LOWER, "fp32": CastPolicy.FP32, "fp32_set_opt_dtype": CastPolicy.FP32_SET_OPT_DTYPE,
+    "fp32_append_dtype": CastPolicy.FP32_APPEND_DTYPE, "promote": CastPolicy.PROMOTE, "first": CastPolicy.FIRST,
+    "unlisted": None,
+}
+
+
+def _edit_suffix(name: str) -> str:
+    return name if name.endswith("+edit") else f"{name}+edit"
+
+
+def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[Iterable]) -> Policy:
+    """``policy`` with the named ops moved to the given kinds and every other op kept where it
+    was (Note: an edit moves ops, a list replaces lists); see ``Policy.edit``."""
+    unknown = [k for k in kinds if k not in EDIT_KINDS]
+    if unknown:
+        raise TypeError(f"Policy.edit() got an unexpected keyword {unknown[0]!r}; the kinds it moves ops to: "
+                        f"{', '.join(EDIT_KINDS)} (and name=)")
+    rules = _Rules(c_names_only=policy.c_names_only)
+    skipped = _Skipped()
+    moved: Dict[str, Dict[OpOverload, Entry]] = {}
+    for kind, names in kinds.items():
+        if names is None:
+            continue
+        action = EDIT_KINDS[kind]
+        ops = _overloads(_entries(names, kind), rules, skipped, kind)
+        if action is not None:
+            ops = _taking(action, ops)
+            for op, entry in ops.items():
+                if not takes(op, action):
+                    raise PolicyError(f"{describe(*entry)} cannot be moved to {kind}: {op} cannot take that cast "
+                                      f"policy ({_needs(action)}); the kinds it can take: "
+                                      f"{', '.join(k for k, a in EDIT_KINDS.items() if a is None or takes(op, a))}")
+        moved[kind] = ops
+    seen: Dict[OpOverload, Tuple[str, Entry]] = {}
+    for kind, ops in moved.items():
+        for op, entry in ops.items():
+            if op in seen and seen[op][0] != kind:
+                first_kind, first_entry = seen[op]
+                raise PolicyError(f"{op} is named under two kinds of one edit: {first_kind}, as "
+                                  f"{describe(*first_entry)}, and {kind}, as {describe(*entry)}; name it once")
+            seen.setdefault(op, (kind, entry))
+    table = dict(policy.table)
+    promoted = set(policy.promoted)
+    for op, (kind, _) in seen.items():
+        action = EDIT_KINDS[kind]
+        if action is None:
+            table.pop(op, None)
+            promoted.discard(op)
+            continue
+        if action is CastPolicy.PROMOTE:
+            promoted.add(op)
+            action = CastPolicy.FIRST if _ops.is_inplace(op) else CastPolicy.PROMOTE  # as _table
+        table[op] = action
+    input_only = {op for op in policy.input_only if table.get(op) is CastPolicy.LOWER}
+    banned = {op: m for op, m in policy.banned.items() if op not in seen}
+    ignored = policy.ignored + _record_ignored(skipped, policy.name, True)
+    kept = {str(op) for op in table}
+    dropped = tuple(d for d in policy.record.dropped if d[0] not in kept)  # an op edited back is no longer dropped
+    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped)
+    return dataclasses.replace(policy, name=name or _edit_suffix(policy.name), table=table, input_only=input_only,
+                               banned=banned, promoted=frozenset(promoted), record=record)
+
+
+def _needs(action: CastPolicy) -> str:
+    if action is CastPolicy.FP32_SET_OPT_DTYPE:
+        return "it needs a functional overload with a first Tensor argument and an optional dtype argument"
+    return f"it needs an entry in ATen's redispatch table, one of: {', '.join(sorted(_ops.APPEND_DTYPE))}"

@@ -2,7 +2,8 @@
 region runs for a preset name.
 
     build_policy(name, lower=[...], fp32=[...], promote=[...])   a policy from op names
-    with_lists(policy, lower=[...])                               a policy with lists replaced
+    policy.edit(lower=[...], fp32=[...])                          a policy with ops moved, the rest kept
+    with_lists(policy, lower=[...])                               a policy with whole lists REPLACED
     read_list(path)                                               a list file's names, with lines
     policy_from_files(preset, lower=path, fp32=path)              Gaudi's and HMP's list files
     policy_from_env()                                             Gaudi's environment variables
@@ -34,13 +35,13 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .._facts import ops as _ops
-from ._build import Entry, build_policy, check_no_conflict, never_registered, with_lists
+from ._build import Entry, build_policy, check_no_conflict, never_registered, user_stacklevel, with_lists
 from .names import PolicyError, resolve
-from .policy import Policy
+from .policy import CastPolicy, Policy
 from .presets import get_preset
 
 __all__ = ["build_policy", "with_lists", "read_list", "policy_from_files", "policy_from_bridge_files",
-           "bridge_findings", "check_findings", "Finding", "policy_from_env",
+           "bridge_findings", "check_findings", "pair_findings", "Finding", "warn_dropped", "policy_from_env",
            "policy_from_gaudi_config", "as_policy", "check_no_conflict", "ENV_LOWER", "ENV_FP32"]
 
 ENV_LOWER = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
@@ -58,14 +59,69 @@ PathLike = Union[str, "os.PathLike[str]"]
 def as_policy(policy: Union[str, Policy], *, env: bool = True) -> Policy:
     """The policy a region runs for ``policy``: a ``Policy`` as it is, or the preset of that
     name. The default preset, ``"hpu"``, takes the lists named by Gaudi's environment
-    variables (``policy_from_env``) unless ``env=False``."""
+    variables (``policy_from_env``) unless ``env=False``, whether it is given by name, as
+    ``get_preset("hpu")`` or by default; another ``Policy`` runs as it is, with a warning once
+    when the variables name list files (Note: one effective policy)."""
     if isinstance(policy, Policy):
+        out = _env_for(policy) if env and _env_set() else policy
+    elif isinstance(policy, str):
+        out = policy_from_env(policy) if env and policy == DEFAULT_PRESET else get_preset(policy)
+    else:
+        raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
+    if env and out.record.dropped:
+        warn_dropped(out)
+    return out
+
+
+_warned_dropped: set = set()
+
+
+def warn_dropped(policy: Policy) -> None:
+    """Warn once per policy name and dropped set of the ops its lists left on no list
+    (``BuildRecord.dropped``): a replaced list says what it replaced, and how to keep it."""
+    key = (policy.name, policy.record.dropped)
+    if key in _warned_dropped:
+        return
+    _warned_dropped.add(key)
+    names = list(dict.fromkeys(op.split(".")[1] for op, _ in policy.record.dropped))
+    kinds = sorted({kind for _, kind in policy.record.dropped})
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    warnings.warn(f"policy {policy.name!r}: its lists replace the ones it was made from, and {len(names)} op"
+                  f"{'s' if len(names) != 1 else ''} of those ({', '.join(kinds)}) are on no list now and run as "
+                  f"their inputs are: {shown}. A list file or with_lists replaces a whole list, as Gaudi's files do; "
+                  f"to change some ops and keep the rest, use policy.edit(lower=[...], fp32=[...]) "
+                  f"(hpu-autocast policy shows the table)", UserWarning, stacklevel=user_stacklevel())
+
+
+# [Note: one effective policy]
+# Gaudi's PT_HPU_AUTOCAST_*_OPS_LIST variables change the hpu preset for the whole process. A
+# region of the default policy, of policy="hpu" and of policy=get_preset("hpu") (equal to the
+# preset: a copy or a pickle of it too) all run the preset with those lists (policy_from_env), as
+# the issue's user expected of three spellings of one policy. get_preset itself stays the
+# pristine preset: it is data, which the docs, `hpu-autocast diff`, the builders and the tests read
+# as the source documents say. A Policy of one's own (an edit, a with_lists, a build) is what its
+# maker asked for and runs as it is: the variables are then set and unused, which warns once per
+# policy name, naming the way to combine both (policy_from_env().edit(...)). Asked only when a
+# variable is set (_env_set: a few dict lookups), so a region's entry costs nothing otherwise.
+_warned_unused: set = set()
+
+
+def _env_for(policy: Policy) -> Policy:
+    """``policy`` as a region runs it while a list-file variable is set (Note: one effective policy)."""
+    lower, fp32 = _env_path(ENV_LOWER), _env_path(ENV_FP32)
+    if not lower and not fp32:
         return policy
-    if isinstance(policy, str):
-        if env and policy == DEFAULT_PRESET:
-            return policy_from_env(policy)
-        return get_preset(policy)
-    raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
+    pristine = get_preset(DEFAULT_PRESET)
+    if policy is pristine or policy == pristine:
+        return policy_from_env(DEFAULT_PRESET)
+    if policy.name not in _warned_unused and policy != policy_from_env(DEFAULT_PRESET):
+        _warned_unused.add(policy.name)
+        files = ", ".join(f"{n}={p}" for n, p in ((ENV_LOWER, lower), (ENV_FP32, fp32)) if p)
+        warnings.warn(f"{files} set, but unused: the region runs policy {policy.name!r} as it is; the variables "
+                      f"change the {DEFAULT_PRESET!r} preset (by name, get_preset({DEFAULT_PRESET!r}) or the default). "
+                      f"To edit the policy they make, start from hpu_autocast.builder.policy_from_env().edit(...)",
+                      UserWarning, stacklevel=user_stacklevel())
+    return policy
 
 
 # --- list files ------------------------------------------------------------------------------------
@@ -241,7 +297,44 @@ def _warn(findings: List[Finding]) -> None:
         key = (f.path, f.name)
         if key not in _warned_findings:
             _warned_findings.add(key)
-            warnings.warn(str(f), UserWarning, stacklevel=4)
+            warnings.warn(str(f), UserWarning, stacklevel=user_stacklevel())
+
+
+def _ops_of(name: str) -> set:
+    try:
+        return set(resolve(name))
+    except PolicyError:
+        return set()
+
+
+def pair_findings(base: Policy, lower: Optional[List[Entry]], fp32: Optional[List[Entry]],
+                  lower_path: Optional[str] = None) -> List[Finding]:
+    """What Gaudi's bridge does with an FP32 file's entries otherwise than the file says, given the
+    lower file's entries (``None``: no lower file, so ``base``'s lower list stays): an entry also
+    on the lower file, and one the kept default lower list shadows, both run in lower precision
+    (the bridge tries the lower list first; Note: list files as Gaudi's bridge reads them)."""
+    out: List[Finding] = []
+    low: Dict[Any, Entry] = {}
+    for name, source in lower or ():
+        for op in _ops_of(name):
+            low.setdefault(op, (name, source))
+    for name, (path, line) in fp32 or ():
+        ops = _ops_of(name)
+        if lower is not None:
+            hit = next((low[op] for op in sorted(ops, key=str) if op in low), None)
+            if hit is not None:
+                lname, (lpath, lline) = hit
+                out.append(Finding(path, line, name, f"{name!r} is also on the lower file ({lpath}, line {lline}, as "
+                                   f"{lname!r}): it runs in lower precision, as on Gaudi, whose bridge tries the lower "
+                                   "list first; remove it from one file"))
+        else:
+            shadowed = sorted((str(op) for op in ops if base.table.get(op) is CastPolicy.LOWER))
+            if shadowed:
+                out.append(Finding(path, line, name, f"{name!r} stays in lower precision: it is on the default lower "
+                                   f"list ({', '.join(shadowed)}), which stays when only the FP32 file is given, and "
+                                   "Gaudi's bridge tries the lower list first; give a lower file without it too, or "
+                                   f"use get_preset({base.name!r}).edit(fp32=[{name!r}])"))
+    return out
 
 
 def policy_from_bridge_files(preset: Union[str, Policy], *, lower: Optional[PathLike] = None,
@@ -249,7 +342,9 @@ def policy_from_bridge_files(preset: Union[str, Policy], *, lower: Optional[Path
     """``preset`` with the list files read as Gaudi's bridge reads its
     ``PT_HPU_AUTOCAST_*_OPS_LIST`` files (Note: list files as Gaudi's bridge reads them): each
     file replaces its own list only, an op on both lists is lower precision, and what Gaudi drops
-    or refuses is dropped with a warning naming the file, the line and what Gaudi does."""
+    or refuses is dropped with a warning naming the file, the line and what Gaudi does; so is an
+    FP32 entry that the lower file or the kept default lower list keeps in lower precision
+    (``pair_findings``)."""
     base = as_policy(preset, env=False)
     lists = {}
     for arg, path in (("lower", lower), ("fp32", fp32)):
@@ -257,6 +352,8 @@ def policy_from_bridge_files(preset: Union[str, Policy], *, lower: Optional[Path
             entries, findings = bridge_findings(path)
             _warn(findings)
             lists[arg] = entries
+    if lists.get("fp32"):
+        _warn(pair_findings(base, lists.get("lower"), lists["fp32"]))
     if all(v is None for v in lists.values()):
         return base
     return with_lists(base, **lists, lower_first=True)
@@ -304,7 +401,7 @@ def _env_path(new: str) -> Optional[str]:
         return value
     for old, replacement in DEPRECATED_ENV.items():
         if replacement == new and os.environ.get(old):
-            warnings.warn(f"{old} is deprecated; set {new} instead", DeprecationWarning, stacklevel=4)
+            warnings.warn(f"{old} is deprecated; set {new} instead", DeprecationWarning, stacklevel=user_stacklevel())
             return os.environ[old]
     return None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import torch
 
@@ -137,8 +137,13 @@ class BuildRecord:
     #: The list names the policy does not apply, as ``(name, list, why)``: under
     #: ``c_names_only``, Python names (``iadd``) and in-place or ``out=`` ones (``add_``).
     ignored: tuple = ()
+    #: The ops of the policy a ``with_lists`` (or a list file) started from that the new lists
+    #: left on no list, as ``(overload name, the kind it had)``, in table order: a region of the
+    #: policy warns of them once (``builder.as_policy``).
+    dropped: tuple = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dropped", tuple(map(tuple, self.dropped)))
         object.__setattr__(self, "missing", tuple(self.missing))
         object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
 
@@ -255,6 +260,30 @@ class Policy:
         state["promoted"] = sorted(map(name, self.promoted))
         state["bf16_gemms"] = sorted(map(name, self.bf16_gemms))
         return (_from_names, (state,))
+
+    def edit(self, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
+             fp32_set_opt_dtype: Optional[Iterable] = None, fp32_append_dtype: Optional[Iterable] = None,
+             promote: Optional[Iterable] = None, first: Optional[Iterable] = None,
+             unlisted: Optional[Iterable] = None, name: Optional[str] = None) -> "Policy":
+        """A new policy with the named ops moved to these kinds and every other op where it was.
+
+        ``get_preset("hpu").edit(lower=["gelu"], fp32=["softmax"], unlisted=["dropout"])`` puts
+        gelu in the region's dtype, softmax in float32, takes dropout off the table, and keeps
+        the other ops of ``hpu`` as they were (``with_lists``, by contrast, *replaces* a kind's
+        whole list, as Gaudi's list files do). Each keyword is a list of op names in the
+        spellings ``build_policy`` takes (``gelu``, ``aten::mm``, ``add.Tensor``), resolved as the
+        policy's own lists were (for ``hpu``: as Gaudi's bridge applies them). The kinds are
+        ``CastPolicy``'s (``first``: the dtype of the first floating input; ``promote``: in-place
+        overloads become ``first``) and ``unlisted``: off the table, so the policy's rule for ops
+        on no list applies. The result is named ``"<name>+edit"`` unless ``name`` is given.
+
+        Raises ``PolicyError`` for an unknown name (with the closest valid ones), for an op named
+        under two kinds (naming both entries), and for a kind an op cannot take.
+        """
+        from ._build import edit_policy  # Note: the names live above this data module
+
+        return edit_policy(self, name=name, lower=lower, fp32=fp32, fp32_set_opt_dtype=fp32_set_opt_dtype,
+                           fp32_append_dtype=fp32_append_dtype, promote=promote, first=first, unlisted=unlisted)
 
     def ops(self, action: CastPolicy) -> list:
         """The overloads with ``action``, sorted by name."""
