@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -174,7 +173,7 @@ def user_stacklevel() -> int:
     point at the first frame outside this package: the user's line, however deep the package's
     own calls go (Python 3.12's ``skip_file_prefixes``, for every Python this package runs on)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
+    frame, level = _torch.caller_frame(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1
     return level
