@@ -12,6 +12,8 @@ first four lists is an error naming both entries.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
@@ -167,6 +169,20 @@ def _cpp_hint(name: str, why: str) -> str:
     return f"; its C++ name is {cpp}"
 
 
+#: The package's own folder: a warning about a user's list or name points past every frame in it.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller name the first frame outside
+    this package (the user's ``HpuAutocastMode(...)`` or ``with_lists(...)`` line), however many
+    of the package's frames lie between (a fixed level named ``policies/builder.py``)."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 _warned: set = set()
 
 
@@ -177,7 +193,7 @@ def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool) -> Tuple[Tu
         if warn and key not in _warned:
             _warned.add(key)
             warnings.warn(f"{describe(name, source)} on the {list_name} list has no effect under policy "
-                          f"{policy_name!r}, as on Gaudi: {why}{_cpp_hint(name, why)}", UserWarning, stacklevel=3)
+                          f"{policy_name!r}, as on Gaudi: {why}{_cpp_hint(name, why)}", UserWarning, stacklevel=user_stacklevel())
     return tuple((name, list_name, why) for name, _, list_name, why in skipped.ignored)
 
 
@@ -206,7 +222,7 @@ def _warn_unnamed(policy_name: str, key: str, ops: List[OpOverload]) -> None:
     warnings.warn(f"torch {torch.__version__} registers for {key} {len(new)} overload{'s' if many else ''} "
                   f"that policy {policy_name!r} does not name, {names}: native autocast casts {it}, this policy "
                   f"leaves {it} alone, so results can differ from native autocast's where {they} "
-                  f"run{'' if many else 's'}", UserWarning, stacklevel=3)
+                  f"run{'' if many else 's'}", UserWarning, stacklevel=user_stacklevel())
 
 
 # --- overloads to a table -----------------------------------------------------------------------

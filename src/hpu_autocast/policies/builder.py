@@ -34,7 +34,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _ops
-from ._build import Entry, build_policy, check_no_conflict, never_registered, with_lists
+from ._build import Entry, build_policy, check_no_conflict, never_registered, user_stacklevel, with_lists
 from .names import PolicyError, resolve
 from .policy import Policy
 from .presets import get_preset
@@ -241,7 +241,7 @@ def _warn(findings: List[Finding]) -> None:
         key = (f.path, f.name)
         if key not in _warned_findings:
             _warned_findings.add(key)
-            warnings.warn(str(f), UserWarning, stacklevel=4)
+            warnings.warn(str(f), UserWarning, stacklevel=user_stacklevel())
 
 
 def policy_from_bridge_files(preset: Union[str, Policy], *, lower: Optional[PathLike] = None,
@@ -304,7 +304,7 @@ def _env_path(new: str) -> Optional[str]:
         return value
     for old, replacement in DEPRECATED_ENV.items():
         if replacement == new and os.environ.get(old):
-            warnings.warn(f"{old} is deprecated; set {new} instead", DeprecationWarning, stacklevel=4)
+            warnings.warn(f"{old} is deprecated; set {new} instead", DeprecationWarning, stacklevel=user_stacklevel())
             return os.environ[old]
     return None
 
@@ -445,7 +445,7 @@ def _warn_unknown_gaudi_keys(data: Mapping[str, Any], path: Optional[str]) -> No
         near = difflib.get_close_matches(str(key), sorted(GAUDI_CONFIG_KEYS), n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
         warnings.warn(f"{_gaudi_where(path)}: unknown key {key!r}, ignored (optimum-habana keeps it unread); "
-                      f"{hint}the keys read are {', '.join(sorted(GAUDI_CONFIG_KEYS))}", UserWarning, stacklevel=3)
+                      f"{hint}the keys read are {', '.join(sorted(GAUDI_CONFIG_KEYS))}", UserWarning, stacklevel=user_stacklevel())
 
 
 def _gaudi_config_hmp(data: Mapping[str, Any], path: Optional[str]) -> Policy:
@@ -502,7 +502,7 @@ def policy_from_gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Poli
                       f"autocast's lists only when both are given, so neither applies and the policy is the "
                       f"{DEFAULT_PRESET!r} preset's. Give both lists (to keep one of the preset's, copy its names: "
                       f"hpu-autocast policy --preset {DEFAULT_PRESET}).",
-                      UserWarning, stacklevel=2)
+                      UserWarning, stacklevel=user_stacklevel())
     if len(given) < len(GAUDI_CONFIG_LISTS):
         return base
     return with_lists(base, **lists)
