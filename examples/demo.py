@@ -46,17 +46,21 @@ def main(argv=None) -> None:
     recorder = hpu_autocast.Recorder(policy=args.policy, dtype=torch.bfloat16)  # the report header
     for step in range(args.steps):
         with HpuAutocastMode(torch.bfloat16, policy=args.policy, observer=recorder):
-            loss = F.cross_entropy(model(tokens), labels)
+            logits = model(tokens)  # the head's linear ran in bfloat16
+            loss = F.cross_entropy(logits, labels)  # a loss: float32 under every preset
         loss.backward()  # outside the region, as with torch.autocast
         hpu_autocast.hpu.mark_step()  # Gaudi lazy mode: run the graph so far (no-op elsewhere)
         optimizer.step()
         hpu_autocast.hpu.mark_step()
         optimizer.zero_grad(set_to_none=True)
-        print(f"step {step}: loss {loss.item():.4f} ({loss.dtype})")
+        print(f"step {step}: loss {loss.item():.4f} (logits {_name(logits.dtype)}, loss {_name(loss.dtype)})")
 
-    print(f"\nPrecision report ({args.steps} steps, device {device}, policy {args.policy!r}, bfloat16, "
-          f"engine {hpu_autocast.ENGINE}):\n")
+    print(f"\nWhat ran in which dtype, {args.steps} steps on {device}:\n")
     print(recorder.report())
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 if __name__ == "__main__":

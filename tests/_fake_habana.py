@@ -69,6 +69,7 @@ import functools
 import importlib.machinery
 import sys
 import types
+import warnings
 from typing import Dict, List, Optional
 
 import torch
@@ -260,7 +261,9 @@ def _register_autocast_hpu() -> None:
         kernel = _hpu_autocast_kernel(op, kind)
         name = op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else "." + op._overloadname)
         try:
-            kernels.impl(name, kernel, "AutocastHPU")
+            with warnings.catch_warnings():  # the bridge's kernel replaces the engine's there, as on Gaudi
+                warnings.filterwarnings("ignore", "Warning only once for all operators", UserWarning)
+                kernels.impl(name, kernel, "AutocastHPU")
         except RuntimeError as e:
             # torch < 2.5's torch.library refuses a second Python kernel for an op and key (the
             # engine's observing kernels sit there); the bridge registers in C++, which that

@@ -18,6 +18,16 @@ SHARED = {
     "003_torch_amp.txt": "003_d937faa20b0e481f.txt",  # PyTorch: torch.amp (the CUDA and CPU lists)
 }
 
+#: tests/seeds name -> the SHA-256 of the shared document it copies, so that a fresh clone (which
+#: has no ../shared beside it) still checks every copy against its original; where ../shared/seeds
+#: is beside the checkout, tests/test_hpu_preset.py also checks these digests against the originals.
+SHA256 = {
+    "000_gaudi_autocast.txt": "2d368996aa1204dfbc0e59309bf66fd38e6d0e926f832a5ecd5bfa0448a2282b",
+    "001_gaudi_hmp.txt": "2ac4cc2454b13192cd2fb3a214f5a6592d8085b73826d52b9b22a8bec673e2f1",
+    "002_xpu_amp.txt": "8a843881687c48d08b4f6cd23cea3c918715e1a576867870ecc4964480a09c4a",
+    "003_torch_amp.txt": "7f638151086d0b309c08e38857ccdcfdd6a83b94e969e1683ff63093696302dd",
+}
+
 
 def seed_text(name: str) -> str:
     """The text of ``tests/seeds/<name>``."""

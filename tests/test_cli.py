@@ -259,6 +259,38 @@ def test_build_core_in_a_directory_that_is_a_file_is_one_error_line(tmp_path, mo
     assert err.startswith("error: hpu_autocast: the C++ core's build directory ") and err.count("\n") == 1
     assert f"(HPU_AUTOCAST_CORE_DIR={str(tmp_path / 'file')!r}) cannot be made: Not a directory" in err
 
+def test_build_core_says_reused_when_it_compiled_nothing(tmp_path, monkeypatch, capsys):
+    # Failed before: "C++ core built for this torch" for a build found in the cache.
+    from hpu_autocast._engine import core_build
+
+    found = tmp_path / "hpu_autocast_core.so"
+    monkeypatch.setattr(core_build, "built_path", lambda: found)
+    monkeypatch.setattr(core_build, "build", lambda verbose=False: pytest.fail("compiled a cached core"))
+    assert main(["build-core"]) == 0
+    assert capsys.readouterr().out == f"C++ core reused (built before for this torch and source): {found}\n"
+    # Nothing cached: it builds, and says so with the time it took.
+    monkeypatch.setattr(core_build, "built_path", lambda: None)
+    monkeypatch.setattr(core_build, "build", lambda verbose=False: found)
+    assert main(["build-core"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("C++ core built for this torch in ") and out.endswith(f" s: {found}\n")
+
+
+def test_report_in_fp8_names_the_engine_that_decided_its_calls(tmp_path, capsys):
+    # Failed before: --dtype took no fp8 dtype; and an fp8 report's header said "engine c++"
+    # under the core, which decides no call of an fp8 region (the Python kernels run it).
+    from hpu_autocast import _torch
+
+    if not _torch.scaled_mm_runs_on("cpu"):
+        pytest.skip(f"torch {torch.__version__} has no torch._scaled_mm for CPU tensors")
+    script = tmp_path / "lin.py"
+    script.write_text("import torch\ntorch.nn.Linear(16, 16)(torch.randn(16, 16))\n")
+    assert main(["report", "--device-type", "cpu", "--dtype", "fp8", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "hpu_autocast precision report: policy hpu, dtype f8e4m3, engine python"
+    assert "aten.linear.default    lower       f32,f32,f32 -> f8e4m3" in out
+
+
 def test_policy_output_names_the_float32_dtype_policies(capsys):
     assert main(["policy", "--preset", "torch-cuda", "--format", "json"]) == 0
     rows = {r["op"]: r["action"] for r in json.loads(capsys.readouterr().out)}

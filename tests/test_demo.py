@@ -25,6 +25,10 @@ def test_the_demo_trains_and_reports_under_its_policy():
     assert run.stderr == ""  # no warning on a plain run
     lines = run.stdout.splitlines()
     assert [line.split(":")[0] for line in lines[:2]] == ["step 0", "step 1"]
-    # The report's header named neither ("policy ?, dtype ?") before the demo gave its recorder them.
+    # Was "(torch.float32)" beside a bfloat16 run: the loss's dtype alone, which is float32.
+    assert all(line.endswith("(logits bfloat16, loss float32)") for line in lines[:2]), lines[:2]
+    # The report's header named neither ("policy ?, dtype ?") before the demo gave its recorder
+    # them; and it is said once (the demo's own line said policy, dtype and engine again).
     assert f"hpu_autocast precision report: policy hpu, dtype bf16, engine {hpu_autocast.ENGINE}" in lines
+    assert sum("policy" in line for line in lines) == 1, lines
     assert any(line.startswith("aten.linear.default") and " lower " in line for line in lines)

@@ -127,12 +127,26 @@ def test_a_line_gaudi_would_not_match_is_dropped_with_a_warning(tmp_path, monkey
     # an aten:: spelling match no op there.
     path = _file(tmp_path, "lower.txt", text)
     monkeypatch.setenv(ENV_LOWER, path)
-    with pytest.warns(UserWarning, match=rf"^{path}, line 1: 'aten::mm' is dropped|^{path}, line 1: 'mm' is dropped") as record:
+    with pytest.warns(UserWarning) as record:
         mode = HpuAutocastMode(device_type="cpu")
-    assert why in str(record[0].message)
+    crlf = text.endswith("\r\n")  # then bmm's line is dropped too (each warning asserted: none leaks)
+    heads = [str(w.message).split(" (")[0] for w in record]
+    first = f"{path}, line 1: '{'aten::mm' if 'aten' in text else 'mm'}' is dropped"
+    assert [h[:len(first)] for h in heads[:1]] == [first] and why in str(record[0].message)
+    assert [str(w.message).startswith(f"{path}, line 2: 'bmm' is dropped") for w in record[1:]] == [True] * crlf
     lower = set(mode.policy.ops(CastPolicy.LOWER))
-    crlf = text.endswith("\r\n")  # then bmm's line is dropped too
     assert (aten.bmm.default in lower) != crlf and aten.mm.default not in lower
+
+
+def test_a_list_warning_points_at_the_users_line(tmp_path, monkeypatch):
+    # Was: policies/builder.py (a fixed stacklevel, counted for a caller the mode is not).
+    monkeypatch.setenv(ENV_LOWER, _file(tmp_path, "lower.txt", "mm\nmmm\n"))
+    with pytest.warns(UserWarning, match="'mmm' is dropped") as record:
+        HpuAutocastMode(device_type="cpu")
+    assert [w.filename for w in record] == [__file__]
+    with pytest.warns(UserWarning, match="'gelu_backward' on the fp32 list has no effect") as record:
+        with_lists(get_preset("hpu"), fp32=["gelu_backward"])
+    assert [w.filename for w in record] == [__file__]
 
 
 def test_check_with_gaudi_reports_every_finding_and_fails(tmp_path, capsys):

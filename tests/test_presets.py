@@ -160,6 +160,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("preset, name, kind, input_only", list(_cases()))
+@pytest.mark.filterwarnings("ignore:at::nuclear_norm is deprecated:UserWarning")  # listed ops torch deprecates
 def test_op_runs_as_its_list_says(preset, name, kind, input_only):
     fn, args, kwargs = build(name)
     if kind == "lower":
@@ -235,6 +236,19 @@ def test_torch_cuda_bans_binary_cross_entropy_by_name():
         F.binary_cross_entropy_with_logits(p, t)  # the safe one runs
     with HpuAutocastMode(policy="hpu", device_type="cpu"):  # on HPU's FP32 list, it runs
         assert F.binary_cross_entropy(p.bfloat16(), t).dtype == torch.float32
+
+
+def test_xpu_casts_a_call_with_an_explicit_dtype_as_its_kernels_do():
+    # Failed before ("leave": the call ran uncast): XPU's autocast kernels are ATen's
+    # WrapFunction for DeviceType::XPU (IPEX's, then torch's own AutocastXPU), which casts every
+    # eligible tensor of a listed op whatever its dtype= argument, as the CPU kernels do.
+    x = torch.randn(4, 4).bfloat16()
+    events = []
+    with HpuAutocastMode(torch.bfloat16, policy="xpu", device_type="cpu", observer=events.append):
+        torch.log_softmax(x, -1, dtype=torch.bfloat16)  # on xpu's FP32 list
+    (event,) = events
+    assert event.op is torch.ops.aten.log_softmax.int and [c.tensor for c in event.casts] == [x]
+    assert get_preset("xpu").explicit_dtype == get_preset("torch-cpu").explicit_dtype == "cast"
 
 
 @pytest.mark.parametrize("preset", ["hpu", "hmp", "hmp-O2", "xpu", "torch-cuda", "torch-cpu"])

@@ -307,6 +307,8 @@ def _lstm_then_gru(region) -> list:
     return [out.detach(), x.grad] + [p.grad for p in (*lstm.parameters(), *gru.parameters())]
 
 
+# Turning oneDNN off tells of oneDNN's TF32 on Intel GPUs, which no test here uses.
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN:UserWarning")
 def test_a_gru_after_an_lstm_without_onednn_matches_native():
     # Failed with the engine's kernel for linear removed (linear off the table): the cells'
     # at::linear ran in float32 where native's kernel lowered it.
@@ -316,6 +318,7 @@ def test_a_gru_after_an_lstm_without_onednn_matches_native():
     assert all(_same(x, y) for x, y in zip(ours, native))
 
 
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN:UserWarning")
 def test_a_gru_after_an_lstm_without_onednn_trains_under_hpu():
     out, *grads = _lstm_then_gru(HpuAutocastMode(policy="hpu", device_type="cpu"))
     assert out.dtype == torch.bfloat16  # the cells' GEMMs and gate products are lowered
@@ -678,7 +681,8 @@ def test_custom_bwd_after_the_region_re_enters_native_autocast(decorators, backw
     assert fn.seen == (True, torch.float32 if native_lists else torch.bfloat16)
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch deprecates them
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch deprecates them (FutureWarning before 2.13)
+@pytest.mark.filterwarnings("ignore:torch.*is deprecated. Please use:DeprecationWarning")
 def test_deprecated_per_device_getters_read_torchs_state_not_the_regions():
     # Not patched: inside a region they read native autocast's state, which the region keeps off.
     # (Natively torch.is_autocast_cpu_enabled() is True inside torch.autocast("cpu").)

@@ -331,6 +331,33 @@ def test_the_command_explains_a_script_without_a_target(tmp_path, capsys):
     assert "must return (fn, inputs) or (fn, inputs, metric)" in capsys.readouterr().err
 
 
+def test_a_script_without_a_target_is_refused_before_it_runs(tmp_path, capsys):
+    # Failed before: the script's top level (a training loop, here a file written) ran first.
+    ran = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(ran)!r}, 'w').write('the loop ran')\n")
+    assert main(["tune", str(script)]) == 2
+    assert f"error: {script} defines no tune_target()" in capsys.readouterr().err and not ran.exists()
+    # A target bound another way than by `def` is found: the script runs, and its target is used.
+    script.write_text("import torch\nglobals()['tune_target'] = lambda: (torch.nn.Identity(), torch.ones(2))\n")
+    assert main(["tune", "--device-type", "cpu", "--quiet", str(script)]) == 0
+    capsys.readouterr()
+
+
+def test_the_command_tunes_in_fp8(tmp_path, capsys):
+    # Failed before: --dtype took bfloat16 and float16 only.
+    from hpu_autocast import _torch
+
+    if not _torch.scaled_mm_runs_on("cpu"):
+        pytest.skip(f"torch {torch.__version__} has no torch._scaled_mm for CPU tensors")
+    script = tmp_path / "lin.py"
+    script.write_text("import torch\ndef tune_target():\n    torch.manual_seed(0)\n"
+                      "    return torch.nn.Linear(16, 16), torch.randn(16, 16)\n")
+    assert main(["tune", "--device-type", "cpu", "--dtype", "fp8", "--quiet", "--tolerance", "1", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "dtype f8e4m3" in out and "matmul/conv FLOPs in f8e4m3: 8192 of 8192 (100.0%)" in out
+
+
 def test_the_command_refuses_flags_out_of_range(capsys):
     assert main(["tune", "--tolerance", "-1", str(DEMO)]) == 2
     assert "error: --tolerance must be >= 0 (got -1.0)" in capsys.readouterr().err

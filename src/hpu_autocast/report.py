@@ -37,6 +37,7 @@ from ._engine import core as _core
 from . import _torch
 from ._torch import TorchDispatchMode, tree_map
 from ._facts import ops as _ops
+from .policies.recipes import is_fp8
 from .events import Event, Outcome, short_dtype
 from .log import decision
 from .policies.policy import CastPolicy
@@ -236,7 +237,10 @@ class Recorder:
         dtype = short_dtype(self.dtype) if self.dtype else None
         if dtype and self.recipe is not None:
             dtype = f"{dtype} ({self.recipe})"
-        return PrecisionReport(rows, warnings, self.policy, dtype)
+        # The C++ core decides no call of an fp8 region (its GEMMs are _fp8's), so the Python
+        # kernels run that region whatever engine this process has.
+        engine = "python" if is_fp8(self.dtype) else None
+        return PrecisionReport(rows, warnings, self.policy, dtype, engine)
 
 
 def _tensors(args: tuple, kwargs: dict):

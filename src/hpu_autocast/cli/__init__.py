@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import sys
+import time
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -277,12 +278,17 @@ def _cmd_info(ns: argparse.Namespace) -> int:
 def _cmd_build_core(ns: argparse.Namespace) -> int:
     from .._engine import core_build as _core_build
 
+    reused = _core_build.built_path()
+    if reused is not None:  # built before, for this torch and this source: nothing is compiled
+        print(f"C++ core reused (built before for this torch and source): {reused}")
+        return 0
+    started = time.perf_counter()
     try:
         path = _core_build.build(verbose=ns.verbose)
     except (RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"C++ core built for this torch: {path}")
+    print(f"C++ core built for this torch in {time.perf_counter() - started:.0f} s: {path}")
     return 0
 
 

@@ -37,7 +37,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16}
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16,
+          "float8_e4m3fn": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -61,7 +62,7 @@ def add_script_arguments(p: argparse.ArgumentParser, script_help: str) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv)")
     p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
-                   help="lower-precision dtype (default: bfloat16)")
+                   help="lower-precision dtype (default: bfloat16; fp8: the policy's GEMMs in float8_e4m3fn)")
     p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
     p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
     # A script's tensors need not be on the machine's device (a CPU script on a GPU machine).

@@ -14,6 +14,7 @@ arguments, or one tensor); ``metric(reference, outputs) -> float`` replaces the 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import runpy
 import sys
@@ -52,17 +53,46 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _no_target(script: str) -> TargetError:
+    return TargetError(f"{script} defines no {TARGET}(); define one returning (fn, inputs) or "
+                       f"(fn, inputs, metric), e.g.\n\n    def {TARGET}():\n"
+                       f"        model = build_model().eval()\n        return model, (example_input,)")
+
+
+def _may_define_target(script: str) -> bool:
+    """Whether the script's top level can bind ``tune_target`` (a ``def``, an assignment, an
+    import, or a ``*`` import, which may): read before the script runs, so that a script without
+    one is refused before its own loop runs. A script that does not parse is left to run (its
+    ``SyntaxError`` is the interpreter's)."""
+    try:
+        with open(script, "rb") as f:
+            tree = ast.parse(f.read(), script)
+    except (SyntaxError, ValueError, OSError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == TARGET:
+            return True
+        if isinstance(node, ast.Name) and node.id == TARGET and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                a.name == "*" or (a.asname or a.name.split(".")[0]) == TARGET for a in node.names):
+            return True
+        if isinstance(node, ast.Constant) and node.value == TARGET:  # globals()["tune_target"] = ...
+            return True
+    return False
+
+
 def load_target(script: str, args: list) -> Tuple[Callable, tuple, Optional[Callable]]:
     """``(fn, inputs, metric)`` from the script's ``tune_target()``."""
+    if not _may_define_target(script):
+        raise _no_target(script)
     argv, sys.argv = sys.argv, [script, *args]
     try:
         # As the interpreter does (3.9+), the script's __file__ is absolute.
         names = runpy.run_path(os.path.abspath(script), run_name=RUN_NAME)
         target = names.get(TARGET)
         if not callable(target):
-            raise TargetError(f"{script} defines no {TARGET}(); define one returning (fn, inputs) or "
-                              f"(fn, inputs, metric), e.g.\n\n    def {TARGET}():\n"
-                              f"        model = build_model().eval()\n        return model, (example_input,)")
+            raise _no_target(script)
         got = target()
     finally:
         sys.argv = argv

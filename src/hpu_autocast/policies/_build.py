@@ -219,7 +219,7 @@ def _warn_unnamed(policy_name: str, key: str, ops: List[OpOverload]) -> None:
     warnings.warn(f"torch {torch.__version__} registers for {key} {len(new)} overload{'s' if many else ''} "
                   f"that policy {policy_name!r} does not name, {names}: native autocast casts {it}, this policy "
                   f"leaves {it} alone, so results can differ from native autocast's where {they} "
-                  f"run{'' if many else 's'}", UserWarning, stacklevel=3)
+                  f"run{'' if many else 's'}", UserWarning, stacklevel=user_stacklevel())
 
 
 # --- overloads to a table -----------------------------------------------------------------------

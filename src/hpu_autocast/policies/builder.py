@@ -542,7 +542,7 @@ def _warn_unknown_gaudi_keys(data: Mapping[str, Any], path: Optional[str]) -> No
         near = difflib.get_close_matches(str(key), sorted(GAUDI_CONFIG_KEYS), n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
         warnings.warn(f"{_gaudi_where(path)}: unknown key {key!r}, ignored (optimum-habana keeps it unread); "
-                      f"{hint}the keys read are {', '.join(sorted(GAUDI_CONFIG_KEYS))}", UserWarning, stacklevel=3)
+                      f"{hint}the keys read are {', '.join(sorted(GAUDI_CONFIG_KEYS))}", UserWarning, stacklevel=user_stacklevel())
 
 
 def _gaudi_config_hmp(data: Mapping[str, Any], path: Optional[str]) -> Policy:
@@ -599,7 +599,7 @@ def policy_from_gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Poli
                       f"autocast's lists only when both are given, so neither applies and the policy is the "
                       f"{DEFAULT_PRESET!r} preset's. Give both lists (to keep one of the preset's, copy its names: "
                       f"hpu-autocast policy --preset {DEFAULT_PRESET}).",
-                      UserWarning, stacklevel=2)
+                      UserWarning, stacklevel=user_stacklevel())
     if len(given) < len(GAUDI_CONFIG_LISTS):
         return base
     return with_lists(base, **lists)

@@ -65,6 +65,11 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
     ),
     "xpu": dict(
         lower=xpu_amp.LOWER, fp32=xpu_amp.FP32, promote=xpu_amp.PROMOTE, device_type="xpu", tolerate_missing=True,
+        # The XPU kernels (IPEX's csrc/gpu/aten/amp/autocast_mode.cpp, and torch's AutocastXPU
+        # in ATen/autocast_mode.cpp since) are ATen's WrapFunction<CastPolicy, DeviceType::XPU>:
+        # they cast every eligible tensor whatever dtype= says, as the CPU and CUDA ones do; the
+        # document's "explicit dtype= is not eligible" is torch.amp's prose, not what runs.
+        explicit_dtype="cast",
     ),
     "torch-cpu": dict(
         lower=torch_amp_cpu.LOWER, fp32=torch_amp_cpu.FP32, promote=torch_amp_cpu.PROMOTE, device_type="cpu",
