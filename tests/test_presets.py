@@ -160,7 +160,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("preset, name, kind, input_only", list(_cases()))
-@pytest.mark.filterwarnings("ignore:at::nuclear_norm is deprecated:UserWarning")  # listed ops torch deprecates
+@pytest.mark.filterwarnings("ignore:at..nuclear_norm is deprecated:UserWarning")  # listed ops torch deprecates
 def test_op_runs_as_its_list_says(preset, name, kind, input_only):
     fn, args, kwargs = build(name)
     if kind == "lower":
