@@ -95,6 +95,7 @@ class Event(NamedTuple):
     casts: Tuple[Cast, ...]           #: the casts made for this call, in argument order
     args: tuple = ()                  #: the call's positional inputs, as the caller passed them
     kwargs: dict = {}                 #: its keyword-only inputs (keeping an event keeps these alive)
+    module: Optional[str] = None      #: the innermost module a ``modules=`` map matched, in flight (``None``: none)
 
     @property
     def name(self) -> str:

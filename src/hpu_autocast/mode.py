@@ -7,11 +7,11 @@ import functools
 import inspect
 import threading
 import warnings
-from typing import Callable, Dict, Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, Mapping, Optional, Union
 
 import torch
 
-from . import _engine, _explain
+from . import _engine, _explain, module_map as _module_map
 from ._facts import devices as _devices
 from ._engine.compiled import compile_policy
 from .policies.builder import as_policy as _as_policy
@@ -88,6 +88,14 @@ class HpuAutocastMode:
             always off (seed 000).
         observer: called with an ``hpu_autocast.events.Event`` for each call the engine decides
             on (see ``events.py``); ``verbose=True`` logs them, ``record=True`` keeps a report.
+        modules: per-module precision without editing the model (docs/modules.md): a mapping of
+            ``fnmatch`` patterns over dotted module names, relative to the outermost module the
+            region calls (the model, named ``""``), to ``torch.float32`` / ``"fp32"`` (casting
+            off, the module's positional floating inputs of lower precision cast to float32
+            first), a lower dtype (this policy in that dtype), a preset name or ``Policy`` (that
+            policy in this dtype), or ``None`` / ``"off"`` (casting off, inputs as they come).
+            The innermost matched module wins; for one module, an exact name beats a glob, then
+            the entry given last. A pattern matching no module warns once, at the exit.
 
     Usable as a context manager or a decorator. Regions nest (the innermost wins) and belong to
     the context that entered them: a thread, or an asyncio task. A mode copies and pickles as
@@ -97,7 +105,7 @@ class HpuAutocastMode:
     def __init__(self, dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
                  device_type: Optional[str] = None, enabled: bool = True, cache_enabled: Optional[bool] = None,
                  observer: Optional[Callable[[Event], None]] = None, verbose: bool = False,
-                 record: bool = False) -> None:
+                 record: bool = False, modules: Optional[Mapping[str, object]] = None) -> None:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"HpuAutocastMode: dtype must be a torch.dtype, got {dtype!r}")
         if not (type(enabled) is bool and type(verbose) is bool and type(record) is bool):  # noqa: E721
@@ -140,6 +148,14 @@ class HpuAutocastMode:
         #: record=True: every region's entries (``report()``), and the last region's alone.
         self._recorder: Optional[Recorder] = None
         self._last_recorder: Optional[Recorder] = None
+        if modules is not None and not self.enabled:
+            raise ValueError("HpuAutocastMode(enabled=False, modules=...): a disabled region casts nothing, so it "
+                             "has no module map; give modules= to the enabled region around it")
+        #: The parsed ``modules=`` map (``module_map.ModuleMap``), or ``None``.
+        self.modules = _module_map.parse_modules(modules, dtype)
+        self._modules_arg = modules
+        self._maps: Dict[int, object] = {}
+        self._unmatched_warned: set = set()
         #: The open region of each thread that entered this mode (one mode may serve several
         #: threads at once, as a torch.autocast object does; a thread enters it once at a time).
         self._regions: Dict[int, _engine.Region] = {}
@@ -170,6 +186,13 @@ class HpuAutocastMode:
                                 observer if self.enabled else None, every_device=self.device_type is None)
         _engine.enter(region)
         self._regions[thread] = region
+        if self.modules is not None:
+            try:
+                self._maps[thread] = _module_map.open_map(self, region.observer, self._recorder)
+            except BaseException:
+                self._regions.pop(thread)
+                _engine.exit(region)
+                raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -177,7 +200,12 @@ class HpuAutocastMode:
         if exc is not None and self.enabled:
             _explain.note(exc, self.policy, self.dtype)  # a dtype mismatch gets a note (its Note)
         if region is not None:
-            _engine.exit(region)
+            active = self._maps.pop(threading.get_ident(), None)
+            try:
+                if active is not None:
+                    _module_map.close_map(active, self._unmatched_warned)
+            finally:
+                _engine.exit(region)
         elif self._regions:
             # Refused, and nothing changes: the region stays open in its own thread, which exits
             # it (a thread's casting state is its own, as torch.autocast's is).
@@ -240,7 +268,7 @@ class HpuAutocastMode:
         """The keyword arguments that make a mode like this one (``dtype`` aside)."""
         return dict(policy=self.policy if self.enabled else self._policy_arg, device_type=self.device_type,
                     enabled=self.enabled, cache_enabled=self.cache_enabled, observer=self.observer,
-                    verbose=self.verbose, record=self.record)
+                    verbose=self.verbose, record=self.record, modules=self._modules_arg)
 
     def _clone(self) -> "HpuAutocastMode":
         return HpuAutocastMode(self.dtype, **self._settings())

@@ -146,9 +146,22 @@ class Recorder:
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
         self._flop_cache: Dict[tuple, Optional[int]] = {}
+        #: Per module a ``modules=`` map matched: its override, forward calls, op calls by compute dtype.
+        self.modules: Dict[str, dict] = {}
+
+    def note_module(self, name: str, override: str) -> None:
+        """A forward of the module ``name``, which a ``modules=`` map runs under ``override``."""
+        entry = self.modules.get(name)
+        if entry is None:
+            entry = self.modules[name] = {"override": override, "forwards": 0, "calls": {}}
+        entry["forwards"] += 1
 
     def __call__(self, event: Event) -> None:
         name = event.name
+        if event.module is not None:
+            calls = self.modules.setdefault(event.module, {"override": "?", "forwards": 0, "calls": {}})["calls"]
+            compute = short_dtype(event.compute)
+            calls[compute] = calls.get(compute, 0) + 1
         action = decision(event)
         key = (name, action, event.inputs, event.compute)
         row = self.rows.get(key)
@@ -240,7 +253,9 @@ class Recorder:
         # The C++ core decides no call of an fp8 region (its GEMMs are _fp8's), so the Python
         # kernels run that region whatever engine this process has.
         engine = "python" if is_fp8(self.dtype) else None
-        return PrecisionReport(rows, warnings, self.policy, dtype, engine)
+        report = PrecisionReport(rows, warnings, self.policy, dtype, engine)
+        report.modules = {k: {**v, "calls": dict(v["calls"])} for k, v in self.modules.items()}
+        return report
 
 
 def _tensors(args: tuple, kwargs: dict):
@@ -277,6 +292,8 @@ class PrecisionReport:
         #: ``"c++"`` or ``"python"``. A recording observes, so the Python kernels decided its calls
         #: (the same rules either way).
         self.engine = engine if engine is not None else _core.ENGINE
+        #: Per module a ``modules=`` map matched (``Recorder.modules``); empty without a map.
+        self.modules: Dict[str, dict] = {}
 
     # -- totals -------------------------------------------------------------------------
     @property
@@ -343,9 +360,19 @@ class PrecisionReport:
         head = (f"hpu_autocast precision report: policy {self.policy or '?'}, dtype {self.dtype or '?'}, "
                 f"engine {self.engine}")
         lines = [head, *_table(self._HEADER, self._cells(), {3, 4, 5, 6}), "", *self._summary()]
+        if self.modules:
+            lines += ["", *self._module_lines()]
         if self.warnings:
             lines += ["warnings:", *(f"  - {w}" for w in self.warnings)]
         return "\n".join(lines)
+
+    def _module_lines(self) -> List[str]:
+        """The by-module section: each module a ``modules=`` map matched, its override, forwards
+        and the policy calls decided in it by compute dtype (a float32 or off module decides none)."""
+        cells = [[name or "(model)", e["override"], str(e["forwards"]),
+                  ", ".join(f"{d} {n}" for d, n in sorted(e["calls"].items())) or "-"]
+                 for name, e in self.modules.items()]
+        return ["by module:", *_table(["module", "runs as", "forwards", "calls by dtype"], cells, {2})]
 
     def to_markdown(self) -> str:
         lines = [f"**hpu_autocast precision report**: policy `{self.policy}`, dtype `{self.dtype}`, "
@@ -367,6 +394,7 @@ class PrecisionReport:
             "casts": self.casts, "cast_bytes": self.cast_bytes,
             "flops_by_dtype": self.flops_by_dtype, "lower_flop_share": self.lower_flop_share,
             "warnings": list(self.warnings),
+            **({"modules": self.modules} if self.modules else {}),
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:

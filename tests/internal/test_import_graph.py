@@ -51,6 +51,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("_engine",),  # regions, kernels, the compiled policies, the patches of torch
     ("log", "report", "_explain"),  # observers; _explain: the note a dtype error gets at a region's exit
     ("hpu",),  # the Gaudi glue
+    ("module_map",),  # modules=: per-module policies, hooks around module calls while a region is open
     ("mode",),  # the public region, which puts a policy, the engine and the observers together
     ("amp", "hmp", "graphs", "opgraph", "numerics", "tuning", "integrations", "testing", "cli", "__main__", ""),  # tools
 )

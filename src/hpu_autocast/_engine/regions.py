@@ -33,7 +33,7 @@ from .compiled import CompiledPolicy, OpRule
 from ..events import Event
 
 __all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "push", "nest", "pop",
-           "replace_innermost", "native_devices", "keep_policy_off", "GUARD"]
+           "replace_innermost", "native_devices", "keep_policy_off", "GUARD", "TAG"]
 
 _EMPTY: Dict[int, OpRule] = {}
 _thread = threading.local()  # per thread: the cell stashed for autograd's threads (inherited)
@@ -262,6 +262,11 @@ def replace_innermost(enabled: bool, dtype: torch.dtype) -> Optional[Frame]:
     return frame
 
 
+#: A tag of the calling context that changes what compiled code does there and is part of the
+#: guard token below (a module map's key, ``module_map``: its hooks open regions per module).
+TAG: ContextVar[str] = ContextVar("hpu_autocast_tag", default="")
+
+
 class _GuardToken:
     """The innermost region's state as one string: what compiled frames are guarded on. Each
     part changes what the kernels put in a graph: the policy (its key names it exactly, every
@@ -278,7 +283,7 @@ class _GuardToken:
             return ""
         region = frame.region
         key = region.compiled.key if region.compiled is not None else "-"
-        return f"{key}|{frame.dtype}|{region.device_type}|{frame.enabled}"
+        return f"{key}|{frame.dtype}|{region.device_type}|{frame.enabled}|{TAG.get()}"
 
 
 GUARD = _GuardToken()

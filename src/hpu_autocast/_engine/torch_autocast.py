@@ -67,6 +67,7 @@ turns it back on with a warning (a loop that catches a failed step and goes on).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from contextvars import ContextVar
@@ -80,7 +81,7 @@ from .._torch import compile_guard as _compile_guard
 from . import dispatch as _dispatch, entry as _entry, kernels as _kernels, regions as _regions, torchscript as _torchscript
 from .compiled import compile_policy
 
-__all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region"]
+__all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region", "add_recompute_capture"]
 
 _real: Dict[str, Callable] = {}
 
@@ -171,9 +172,20 @@ def _is_any_autocast_enabled() -> bool:
 
 
 # -- checkpointing -----------------------------------------------------------------------------
+#: Functions called at a checkpointed forward, each returning ``None`` or a context manager
+#: class whose instance the recomputation runs inside (a module map's hooks, ``module_map``).
+_captures: list = []
+
+
+def add_recompute_capture(capture: Callable[[], Optional[type]]) -> None:
+    """Have every checkpoint's recomputation also run under what ``capture()`` returns at its forward."""
+    _captures.append(capture)
+
+
 def recompute_in_region(fn: Callable) -> Callable:
     """``fn`` to run, at the recomputation, under the calling context's state now (the forward's)."""
     state, opt_out, native = _regions.current(), _opt_out_here(), _native_state()
+    contexts = [c for c in (capture() for capture in _captures) if c is not None]
 
     def recompute(*args, **kwargs):
         # A region reproducing ``state`` (a policy's, or off), opened as the engine opens one
@@ -185,6 +197,11 @@ def recompute_in_region(fn: Callable) -> Callable:
         try:
             was = _set_native(native)
             try:
+                if contexts:
+                    with contextlib.ExitStack() as stack:
+                        for context in contexts:
+                            stack.enter_context(context())
+                        return fn(*args, **kwargs)
                 return fn(*args, **kwargs)
             finally:
                 _set_native(was)

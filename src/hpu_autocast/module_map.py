@@ -1,0 +1,410 @@
+"""Per-module precision without editing the model: ``HpuAutocastMode(..., modules={...})``.
+
+    >>> with HpuAutocastMode(torch.bfloat16, modules={"lm_head": torch.float32, "*.ln_*": "fp32"}):
+    ...     logits = model(x)
+
+A module map takes glob patterns (``fnmatch`` over dotted module names, as ``named_modules()``
+gives them, relative to the outermost module the region calls: the model, whose own name is
+``""``) to what the matched module's forward runs under (``Override``; docs/modules.md):
+
+* ``torch.float32`` or ``"fp32"``: float32, as if the module's forward were wrapped in
+  ``HpuAutocastMode(enabled=False)`` with its positional floating inputs of a lower precision
+  (bfloat16, float16, fp8) cast to float32 first;
+* a lower dtype (``torch.bfloat16``, ``torch.float16``, an fp8 dtype): a nested region of the
+  enclosing region's policy in that dtype;
+* a preset name or a ``Policy``: a nested region of that policy in the enclosing region's dtype;
+* ``None`` or ``"off"``: casting off, inputs as they come (``HpuAutocastMode(enabled=False)``).
+
+[Note: which entry wins]
+Overrides are nested regions, so for modules inside modules the innermost match wins (its region
+is the innermost). For one module matched by several patterns, an exact name (no ``*?[``) beats a
+glob, and among equals the entry given last in the mapping wins (as later keys of a dict update
+win). A pattern that matches no module of any model a region called warns once per mode, at its
+exit, naming the pattern and a few module names.
+
+[Note: the mechanism]
+While a region with a map is open in some context, two process-wide module hooks are installed
+(``register_module_forward_pre_hook`` / ``register_module_forward_hook(always_call=True)``, the
+second also after a forward that raised), counted across threads and removed with the last such
+region. They read the calling context's ``_ACTIVE`` (a context variable) and do nothing
+elsewhere. The first module called with no mapped call in flight is a root: its names come from
+``named_modules()`` once per root and map (weakly cached). A matched module's pre-hook enters its
+override's nested region (and casts its inputs), its forward hook exits it. The map's key is part
+of the compile guard token (``regions.TAG``), so a frame compiled under one map recompiles under
+another; a checkpoint's recomputation runs under the map it ran its forward with
+(``_engine.torch_autocast.add_recompute_capture``). Keyword inputs are not cast (torch's global
+pre-hooks see positional inputs only); a module run by calling ``.forward`` directly, not the
+module, is not seen.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+import warnings
+import weakref
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+from ._engine import regions as _regions
+from ._engine import torch_autocast as _torch_autocast
+from .policies.builder import as_policy
+from .policies.policy import Policy
+
+__all__ = ["ModuleMap", "Override", "parse_modules"]
+
+_GLOB = frozenset("*?[")
+_LOWER_FLOATS = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Override:
+    """What one pattern maps a module to: ``kind`` is ``"fp32"`` (casting off, lower floating
+    inputs cast to float32), ``"off"`` (casting off), ``"dtype"`` (the region's policy in
+    ``dtype``) or ``"policy"`` (``policy`` in the region's dtype)."""
+
+    kind: str
+    dtype: Optional[torch.dtype] = None
+    policy: Optional[Policy] = None
+
+    def __str__(self) -> str:
+        if self.kind == "dtype":
+            return str(self.dtype).replace("torch.", "")
+        if self.kind == "policy":
+            return f"policy {self.policy.name}"
+        return {"fp32": "float32", "off": "off"}[self.kind]
+
+
+@dataclass(frozen=True)
+class ModuleMap:
+    """A parsed ``modules=`` argument: (pattern, override) pairs in the order given."""
+
+    entries: Tuple[Tuple[str, Override], ...]
+
+    @property
+    def key(self) -> str:
+        """A string naming the map exactly (the compile guard's part for it)."""
+        return ";".join(f"{p}={o.kind}:{o.dtype}:{o.policy.name if o.policy else ''}:"
+                        f"{id(o.policy) if o.policy else ''}" for p, o in self.entries)
+
+    def match(self, name: str) -> Optional[Tuple[str, Override]]:
+        """The entry that decides for the module ``name`` (Note [which entry wins]), or ``None``."""
+        best = None
+        for pattern, override in self.entries:
+            exact = not (_GLOB & set(pattern))
+            if (pattern == name) if exact else fnmatch.fnmatchcase(name, pattern):
+                if best is None or exact or not best[0]:
+                    best = (exact, pattern, override)
+        return None if best is None else (best[1], best[2])
+
+
+def _override(pattern: str, value, dtype: torch.dtype) -> Override:
+    accepted = ("torch.float32 or 'fp32', a lower dtype (torch.bfloat16, torch.float16, an fp8 dtype), "
+                "a preset name, a Policy, or None / 'off'")
+    if value is None or (isinstance(value, str) and value == "off"):
+        return Override("off")
+    if value is torch.float32 or (isinstance(value, str) and value in ("fp32", "float32")):
+        return Override("fp32")
+    if isinstance(value, torch.dtype):
+        if value.is_floating_point and value.itemsize < 4:
+            return Override("dtype", dtype=value)
+        raise ValueError(f"HpuAutocastMode(modules=...): {pattern!r} maps to {value}, which is not a dtype a "
+                         f"region computes in; accepted: {accepted}")
+    if isinstance(value, (str, Policy)):
+        try:
+            policy = as_policy(value)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"HpuAutocastMode(modules=...): {pattern!r} maps to {value!r}: {e}") from None
+        policy.check_dtype(dtype)
+        return Override("policy", policy=policy)
+    raise TypeError(f"HpuAutocastMode(modules=...): {pattern!r} maps to {value!r} ({type(value).__name__}); "
+                    f"accepted: {accepted}")
+
+
+def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -> Optional[ModuleMap]:
+    """``modules=`` as a ``ModuleMap`` (``None`` for none or an empty mapping); bad patterns and
+    values raise, naming them and what is accepted."""
+    if modules is None:
+        return None
+    if not isinstance(modules, Mapping):
+        raise TypeError(f"HpuAutocastMode: modules must be a mapping of module-name patterns to dtypes, "
+                        f"presets, Policies or None, got {modules!r} ({type(modules).__name__})")
+    entries = []
+    for pattern, value in modules.items():
+        if not isinstance(pattern, str):
+            raise TypeError(f"HpuAutocastMode(modules=...): a pattern must be a string (a dotted module name "
+                            f"or an fnmatch glob such as 'h.*.attn'), got {pattern!r}")
+        entries.append((pattern, _override(pattern, value, dtype)))
+    return ModuleMap(tuple(entries)) if entries else None
+
+
+# -- the hooks ----------------------------------------------------------------------------------
+class _Active:
+    """A region's map in force in one context: what its hooks read."""
+
+    __slots__ = ("map", "make", "thread", "root", "resolved", "stack", "matched", "names", "tokens")
+
+    def __init__(self, map_: ModuleMap, make, root=None, resolved=None) -> None:
+        self.map = map_
+        self.make = make          # Override, module name -> an HpuAutocastMode for it (not entered)
+        self.thread = threading.get_ident()
+        self.root = root
+        self.resolved: Optional[Dict[object, Tuple[str, str, Override]]] = resolved
+        self.stack: List[tuple] = [] if root is None else [(None, None, None)]  # a recomputation: inside its root
+        self.matched: set = set()
+        self.names: List[str] = []  # a few module names of the first root (for the unmatched warning)
+
+    def pre(self, module, args):
+        if not self.stack:
+            if _is_compiled_wrapper(module):
+                return None  # torch.compile(model)'s wrapper: the model it calls is the root
+            self.root = module
+            self.resolved, names, matched = _resolve(module, self.map)
+            self.matched.update(matched)
+            if not self.names:
+                self.names = names
+        hit = self.resolved.get(module) if self.resolved is not None else None
+        if hit is None:
+            self.stack.append((module, None, None))
+            return None
+        pattern, name, override = hit
+        mode = self.make(override, name)
+        mode.__enter__()
+        self.stack.append((module, mode, name))
+        if override.kind == "fp32":
+            return cast_inputs(args)
+        return None
+
+    def post(self, module) -> None:
+        if not self.stack or self.stack[-1][0] is not module:
+            return  # a module whose pre-hook ran before the map was in force
+        entry = self.stack.pop()
+        if entry[1] is not None:
+            entry[1].__exit__(None, None, None)
+
+    def module_name(self) -> Optional[str]:
+        """The innermost mapped module in flight (``None``: none)."""
+        for entry in reversed(self.stack):
+            if entry[1] is not None:
+                return entry[2]
+        return None
+
+
+def cast_inputs(args: tuple) -> tuple:
+    """``args`` with each floating tensor of a lower precision than float32 (also in a list or
+    tuple) cast to float32 (float64 and float32 stay)."""
+    def cast(a):
+        if isinstance(a, torch.Tensor):
+            return a.float() if a.is_floating_point() and a.element_size() < 4 else a
+        if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+            return type(a)(cast(x) for x in a)
+        return a
+    return tuple(cast(a) for a in args)
+
+
+_names_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # root -> {map key: (resolved, names)}
+
+
+def _resolve(root, map_: ModuleMap):
+    """For ``root``: {module: (pattern, name, override)} of the modules ``map_`` matches, and a
+    few module names (cached per root and map)."""
+    per_root = _names_cache.get(root)
+    if per_root is None:
+        per_root = {}
+        try:
+            _names_cache[root] = per_root
+        except TypeError:  # not weakly referable: resolved each time
+            pass
+    got = per_root.get(map_.key)
+    if got is not None:
+        return got
+    resolved, names = {}, []
+    all_names = []
+    for name, mod in root.named_modules(remove_duplicate=False):
+        all_names.append(name)
+        if len(names) < 6 and name:
+            names.append(name)
+        hit = map_.match(name)
+        if hit is not None and mod not in resolved:
+            resolved[mod] = (hit[0], name, hit[1])
+    # Note: the value must not hold the root strongly (it is the weak key): its entry holds the
+    # module through a weak proxy of the dict key only, so the root maps under a sentinel.
+    if root in resolved:
+        resolved[_ROOT] = resolved.pop(root)
+    matched = {p for p, _ in map_.entries if any(fnmatch.fnmatchcase(n, p) for n in all_names)}
+    got = per_root[map_.key] = (_RootView(root, resolved), names, matched)
+    return got
+
+
+def _is_compiled_wrapper(module) -> bool:
+    """Whether ``module`` is ``torch.compile(model)``'s ``OptimizedModule`` (read without Dynamo)."""
+    return type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod")
+
+
+_ROOT = object()
+
+
+class _RootView:
+    """``resolved`` with the root looked up without a strong reference to it."""
+
+    __slots__ = ("_root", "_resolved")
+
+    def __init__(self, root, resolved: dict) -> None:
+        self._root = weakref.ref(root) if _weakrefable(root) else (lambda r=root: r)
+        self._resolved = resolved
+
+    def get(self, module):
+        if module is self._root():
+            return self._resolved.get(_ROOT)
+        return self._resolved.get(module)
+
+    def values(self):
+        return self._resolved.values()
+
+
+def _weakrefable(obj) -> bool:
+    try:
+        weakref.ref(obj)
+        return True
+    except TypeError:
+        return False
+
+
+_ACTIVE: ContextVar[Optional[_Active]] = ContextVar("hpu_autocast_module_map", default=None)
+_lock = threading.Lock()
+_open = 0
+_handles: list = []
+
+
+def _pre_hook(module, args):
+    active = _ACTIVE.get()
+    if active is None or active.thread != threading.get_ident():
+        return None
+    return active.pre(module, args)
+
+
+def _post_hook(module, args, output):
+    active = _ACTIVE.get()
+    if active is not None and active.thread == threading.get_ident():
+        active.post(module)
+    return None
+
+
+def _acquire() -> None:
+    global _open
+    with _lock:
+        if _open == 0:
+            _handles.append(_nn_module.register_module_forward_pre_hook(_pre_hook))
+            _handles.append(_nn_module.register_module_forward_hook(_post_hook, always_call=True))
+        _open += 1
+
+
+def _release() -> None:
+    global _open
+    with _lock:
+        _open -= 1
+        if _open == 0:
+            while _handles:
+                _handles.pop().remove()
+
+
+def activate(active: _Active):
+    """Put ``active`` in force in the calling context; returns the token for ``deactivate``."""
+    _acquire()
+    return _ACTIVE.set(active), _regions.TAG.set(active.map.key)
+
+
+def deactivate(tokens) -> None:
+    active_token, tag_token = tokens
+    try:
+        _regions.TAG.reset(tag_token)
+        _ACTIVE.reset(active_token)
+    except ValueError:  # exited in another context than it was entered in
+        _regions.TAG.set("")
+        _ACTIVE.set(None)
+    _release()
+
+
+def current_module() -> Optional[str]:
+    """The innermost mapped module in flight in the calling context (what events are tagged with)."""
+    active = _ACTIVE.get()
+    return active.module_name() if active is not None and active.thread == threading.get_ident() else None
+
+
+def unmatched(active: _Active) -> List[str]:
+    """The patterns that matched no module of any root ``active`` saw (none if it saw no root)."""
+    if active.root is None and not active.names:
+        return []
+    return [p for p, _ in active.map.entries if p not in active.matched]
+
+
+def warn_unmatched(active: _Active, warned: set) -> None:
+    for pattern in unmatched(active):
+        if pattern in warned:
+            continue
+        warned.add(pattern)
+        names = ", ".join(repr(n) for n in active.names) or "(no submodules)"
+        warnings.warn(f"hpu_autocast: modules= pattern {pattern!r} matched no module of the model (names are "
+                      f"relative to the model, e.g. {names})", UserWarning, stacklevel=4)
+
+
+def _capture():
+    """For a checkpoint's recomputation: the map in force at the forward, to run it under again."""
+    active = _ACTIVE.get()
+    if active is None or active.thread != threading.get_ident() or not active.stack:
+        return None
+    snapshot = (active.map, active.make, active.root, active.resolved)
+
+    class _Again:
+        def __enter__(self):
+            self.tokens = activate(_Active(snapshot[0], snapshot[1], snapshot[2] or object(), snapshot[3]))
+
+        def __exit__(self, *exc):
+            deactivate(self.tokens)
+
+    return _Again
+
+
+_torch_autocast.add_recompute_capture(_capture)
+
+
+# -- a region's map ----------------------------------------------------------------------------
+def open_map(mode, observer, recorder=None) -> _Active:
+    """Put ``mode.modules`` in force in the calling context for the region ``mode`` just entered
+    (``observer``: the region's, which the overrides' regions report to, tagged with the module)."""
+    from .mode import HpuAutocastMode
+
+    def make(override: Override, name: str):
+        if recorder is not None:
+            recorder.note_module(name, str(override))
+        if override.kind in ("fp32", "off"):
+            return HpuAutocastMode(enabled=False)
+        tagged = None
+        if observer is not None:
+            def tagged(event, _name=name):
+                observer(event._replace(module=_name))
+        dtype = override.dtype if override.kind == "dtype" else mode.dtype
+        policy = override.policy if override.kind == "policy" else mode.policy
+        return HpuAutocastMode(dtype, policy=policy, device_type=mode.device_type,
+                               cache_enabled=mode.cache_enabled, observer=tagged)
+
+    active = _Active(mode.modules, make)
+    active.tokens = activate(active)
+    return active
+
+
+def close_map(active: _Active, warned: set) -> None:
+    """Take ``active`` out of force (closing the overrides' regions still open: a region exited
+    inside a module's forward), then warn of its patterns that matched nothing."""
+    try:
+        while active.stack:
+            entry = active.stack.pop()
+            if entry[1] is not None:
+                entry[1].__exit__(None, None, None)
+    finally:
+        deactivate(active.tokens)
+    warn_unmatched(active, warned)

@@ -1,0 +1,332 @@
+"""``HpuAutocastMode(..., modules={...})``: per-module precision, checked bit for bit against the
+same model edited by hand (each matched module's ``forward`` wrapped in the region its override
+names, its lower floating inputs cast to float32 for ``float32``), in a train step."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as checkpoint
+
+import _real_models
+from hpu_autocast import HpuAutocastMode, get_dtype, get_preset, is_enabled
+
+BF16 = torch.bfloat16
+
+
+# -- the oracle: the model edited by hand -------------------------------------------------------
+def _to_f32(a):
+    if isinstance(a, torch.Tensor) and a.is_floating_point() and a.element_size() < 4:
+        return a.float()
+    return a
+
+
+def _wrapped(forward, value, outer: dict):
+    """``forward`` run as the docs say ``value`` runs a module (written here without the package's
+    module map: a plain region around the call)."""
+    def run(*args, **kwargs):
+        if value is torch.float32 or value == "fp32":
+            with HpuAutocastMode(enabled=False):
+                return forward(*map(_to_f32, args), **kwargs)
+        if value is None:
+            with HpuAutocastMode(enabled=False):
+                return forward(*args, **kwargs)
+        if isinstance(value, torch.dtype):
+            region = HpuAutocastMode(value, policy=outer["policy"])
+        else:
+            region = HpuAutocastMode(outer["dtype"], policy=value)
+        with region:
+            return forward(*args, **kwargs)
+    return run
+
+
+def hand_edited(model: torch.nn.Module, modules: dict, outer: dict) -> torch.nn.Module:
+    """``model`` with the forward of each module the map matches wrapped, in place (the last
+    matching entry decides; the test maps use no exact-vs-glob tie)."""
+    for name, mod in model.named_modules():
+        hits = [v for p, v in modules.items() if fnmatch.fnmatchcase(name, p)]
+        if hits:
+            mod.forward = _wrapped(mod.forward, hits[-1], outer)
+    return model
+
+
+def _train_step(model, inputs, region_kwargs, compiled=False, edit=None):
+    """Loss and gradients of one step of a copy of ``model`` (``edit``: a map to edit it by hand with)."""
+    model = copy.deepcopy(model)
+    if edit is not None:
+        hand_edited(model, edit, region_kwargs)
+    fn = torch.compile(model, backend="aot_eager") if compiled else model
+    with HpuAutocastMode(**region_kwargs):
+        out = fn(**inputs) if isinstance(inputs, dict) else fn(inputs)
+        loss = out.loss if hasattr(out, "loss") else out.float().square().mean()
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def _assert_same(a, b):
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
+    assert torch.equal(loss_a, loss_b), (loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys()
+    for n in grads_a:
+        assert torch.equal(grads_a[n], grads_b[n]), n
+
+
+class CNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+        self.block = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.GroupNorm(2, 4), torch.nn.GELU())
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = self.block(self.stem(x))
+        return self.head(x.mean((2, 3)))
+
+
+def _models():
+    g = torch.Generator().manual_seed(0)
+    yield "cnn", CNN(), torch.randn(2, 3, 6, 6, generator=g), {"head": torch.float32, "block.1": "fp32",
+                                                               "stem.0": None}
+    if _real_models.tf is not None:
+        arch = _real_models.ARCHS["gpt2"]
+        yield "gpt2", arch.build(), arch.inputs(g), {
+            "lm_head": torch.float32, "*.ln_*": "fp32", "transformer.wte": None, "transformer.h.0.mlp": "torch-cpu",
+            "transformer.h.1": torch.float32, "transformer.h.1.mlp": BF16}
+        arch = _real_models.ARCHS["bert"]
+        yield "bert", arch.build(), arch.inputs(g), {
+            "classifier": torch.float32, "*.LayerNorm": "fp32", "bert.encoder.layer.1.*": "torch-cpu",
+            "bert.pooler": None}
+
+
+MODELS = list(_models())
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name,model,inputs,modules", MODELS, ids=[m[0] for m in MODELS])
+def test_module_map_matches_the_hand_edited_model(name, model, inputs, modules, compiled):
+    outer = dict(dtype=BF16, policy="hpu", device_type="cpu")
+    torch._dynamo.reset()
+    mapped = _train_step(model, inputs, dict(outer, modules=modules), compiled)
+    # The oracle runs eagerly: compiled, the hand-edited BERT (a region opened in each LayerNorm's
+    # forward, inside the compiled frame) differs from its own eager run in the embeddings'
+    # gradients by rounding, while the mapped model compiled equals it bit for bit.
+    edited = _train_step(model, inputs, outer, False, edit=modules)
+    _assert_same(mapped, edited)
+    # The map changes something: without it the step differs (the oracle is not vacuous).
+    plain = _train_step(model, inputs, outer, compiled)
+    assert not torch.equal(plain[0], mapped[0]) or any(not torch.equal(plain[1][n], mapped[1][n]) for n in plain[1])
+
+
+def test_a_compiled_model_recompiles_for_another_map():
+    model, x = CNN(), torch.randn(2, 3, 6, 6)
+    outer = dict(dtype=BF16, policy="hpu", device_type="cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    for modules in ({"head": torch.float32}, {}, {"block.*": "fp32"}, {"head": torch.float32}):
+        with torch.no_grad():
+            with HpuAutocastMode(**outer, modules=modules or None):
+                got = compiled(x)
+            with HpuAutocastMode(**outer):
+                want = hand_edited(copy.deepcopy(model), modules, outer)(x)
+        assert torch.equal(got, want), modules
+
+
+# -- what runs where ------------------------------------------------------------------------
+class Probe(torch.nn.Module):
+    """Records the region state its forward runs in."""
+
+    def __init__(self, child=None) -> None:
+        super().__init__()
+        self.child = child
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append((is_enabled(), get_dtype(), x.dtype))
+        return self.child(x) if self.child is not None else x
+
+
+def _probes():
+    leaf = Probe()
+    mid = Probe(leaf)
+    return Probe(mid), mid, leaf
+
+
+def test_innermost_match_wins_and_inputs_are_cast_for_float32():
+    root, mid, leaf = _probes()
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"child": torch.float32, "child.child": torch.float16}):
+        root(torch.ones(2, dtype=BF16))
+    assert root.seen == [(True, BF16, BF16)]
+    assert mid.seen == [(False, None, torch.float32)]    # casting off, its bf16 input cast to float32
+    assert leaf.seen == [(True, torch.float16, torch.float32)]  # the deeper match's region inside it
+
+
+def test_none_is_casting_off_without_input_casts():
+    root, mid, leaf = _probes()
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"child": None}):
+        root(torch.ones(2, dtype=BF16))
+    assert mid.seen == leaf.seen == [(False, None, BF16)]
+
+
+def test_an_exact_name_beats_a_glob_and_the_last_glob_wins():
+    root, mid, leaf = _probes()
+    # "child" exactly (given first) beats the globs; among the two globs for child.child, the last wins.
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"child": None, "child*": "fp32", "*child": torch.float16}):
+        root(torch.ones(2))
+    assert mid.seen == [(False, None, torch.float32)]
+    assert leaf.seen == [(True, torch.float16, torch.float32)]
+
+
+def test_the_root_is_named_empty_and_a_policy_runs_in_the_regions_dtype():
+    root, mid, _ = _probes()
+    with HpuAutocastMode(torch.float16, policy="hpu", device_type="cpu", modules={"": get_preset("torch-cpu")}):
+        root(torch.ones(2))
+        assert get_dtype() is torch.float16
+    assert root.seen == [(True, torch.float16, torch.float32)]
+
+
+def test_a_nested_region_inside_a_mapped_module_wins_there():
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            with HpuAutocastMode(BF16, policy="torch-cpu"):
+                return torch.mm(x, x)
+
+    model = torch.nn.Sequential(Inner(), torch.nn.Linear(2, 2))
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"*": "fp32"}):
+        out = model(torch.ones(2, 2))
+    assert out.dtype == torch.float32  # the Linear ran in float32, its input cast up
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"": "fp32"}):
+        assert model[0](torch.ones(2, 2)).dtype == BF16  # model[0] is the root here; the inner region casts
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recomputes_under_the_map(reentrant):
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block, self.head = Block(), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(checkpoint.checkpoint(self.block, x, use_reentrant=reentrant))
+
+    model, x = Net(), torch.randn(3, 4, requires_grad=True)
+    outer = dict(dtype=BF16, policy="torch-cpu")
+    modules = {"block.b": torch.float32}
+    mapped = _train_step(model, x, dict(outer, modules=modules))
+    edited = _train_step(model, x, outer, edit=modules)
+    _assert_same(mapped, edited)
+
+
+def test_other_threads_are_not_mapped():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    seen = {}
+    start = threading.Barrier(2)
+
+    def plain():
+        start.wait()
+        with HpuAutocastMode(BF16, policy="torch-cpu"):
+            for _ in range(50):
+                seen.setdefault("plain", set()).add(model(torch.ones(1, 2)).dtype)
+
+    t = threading.Thread(target=plain)
+    t.start()
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"0": "fp32"}):
+        start.wait()
+        for _ in range(50):
+            seen.setdefault("mapped", set()).add(model(torch.ones(1, 2)).dtype)
+    t.join()
+    assert seen == {"plain": {BF16}, "mapped": {torch.float32}}
+
+
+def test_the_hooks_are_removed_with_the_last_region():
+    from torch.nn.modules import module as nn_module
+
+    before = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks))
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"x": "fp32"}):
+        with HpuAutocastMode(BF16, policy="torch-cpu", modules={"y": "fp32"}):
+            assert len(nn_module._global_forward_pre_hooks) == before[0] + 1
+    assert (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)) == before
+
+
+def test_a_forward_that_raises_closes_its_modules_region():
+    class Boom(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    model = torch.nn.Sequential(Boom())
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"0": "fp32"}):
+        with pytest.raises(ValueError, match="boom"):
+            model(torch.ones(1))
+        assert is_enabled() and get_dtype() is BF16  # the float32 region of "0" is closed
+
+
+# -- the report ---------------------------------------------------------------------------------
+def test_the_report_groups_by_module():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    with HpuAutocastMode(BF16, policy="torch-cpu", record=True, modules={"0": "fp32", "1": torch.float16}) as mode:
+        model(torch.ones(1, 2))
+    report = mode.report()
+    assert report.modules == {"0": {"override": "float32", "forwards": 1, "calls": {}},
+                              "1": {"override": "float16", "forwards": 1, "calls": {"f16": 1}}}
+    text = str(report)
+    assert "by module:" in text and "float16" in text
+
+
+# -- bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("modules,error,match", [
+    ({"a": torch.float64}, ValueError, "'a' maps to torch.float64"),
+    ({"a": torch.int8}, ValueError, "'a' maps to torch.int8"),
+    ({"a": "no-such-preset"}, ValueError, "'a' maps to 'no-such-preset'"),
+    ({"a": 3}, TypeError, "'a' maps to 3 .int.; accepted: torch.float32"),
+    ({1: "fp32"}, TypeError, "a pattern must be a string"),
+    (["a"], TypeError, "modules must be a mapping"),
+])
+def test_bad_maps_are_clear_errors(modules, error, match):
+    with pytest.raises(error, match=match):
+        HpuAutocastMode(BF16, policy="torch-cpu", modules=modules)
+
+
+def test_a_disabled_region_refuses_a_map():
+    with pytest.raises(ValueError, match="enabled=False, modules"):
+        HpuAutocastMode(enabled=False, modules={"a": "fp32"})
+
+
+def test_a_pattern_matching_no_module_warns_once_naming_it():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    mode = HpuAutocastMode(BF16, policy="torch-cpu", modules={"lm_head": "fp32", "0": "fp32"})
+    with pytest.warns(UserWarning, match=r"'lm_head' matched no module of the model .*e\.g\. '0'"):
+        with mode:
+            model(torch.ones(1, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with mode:
+            model(torch.ones(1, 2))
+
+
+def test_a_mode_with_a_map_copies_with_it():
+    mode = HpuAutocastMode(BF16, policy="torch-cpu", modules={"0": "fp32"})
+    assert copy.copy(mode).modules == mode.modules
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+
+    @mode
+    def run(x):
+        return model(x)
+
+    assert run(torch.ones(1, 2)).dtype == torch.float32
+    F.relu  # noqa: B018 (imported for the models above)
