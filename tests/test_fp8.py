@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpu_autocast import HpuAutocastMode, get_preset, record
+from hpu_autocast import HpuAutocastMode, build_policy, get_preset, record
 from hpu_autocast.policies.recipes import Delayed, Tensorwise
 from hpu_autocast.policies.policy import CastPolicy
 from hpu_autocast import _torch
+from hpu_autocast._engine import fp8 as _fp8
 
 
 @pytest.fixture(autouse=True)
@@ -44,10 +45,15 @@ def _events(fn, dtype=FP8, **kw):
 
 
 def _hand(x, dtype):
-    """The control: per-tensor scale from the amax, saturated, cast."""
+    """The control: per-tensor scale from the amax (divided in float64, as torchao), saturated,
+    cast; the inverse scale (``_scaled_mm``'s)."""
     big = torch.finfo(dtype).max
-    scale = big / x.abs().max().float()
+    scale = (big / x.abs().max().double()).float()
     return (x.float() * scale).clamp(-big, big).to(dtype), scale.reciprocal()
+
+
+#: The hpu policy asking for the real torch._scaled_mm on CPU (the default there emulates it).
+SCALED_MM = dataclasses.replace(get_preset("hpu"), name="hpu-scaled-mm", fp8=Tensorwise(emulate=False))
 
 
 # -- 1. forward ---------------------------------------------------------------------------------
@@ -66,12 +72,17 @@ def test_linear_returns_bf16_with_an_error_between_bf16s_and_ten_percent():
 def test_linear_equals_a_hand_quantized_scaled_mm():
     torch.manual_seed(1)
     x, w, b = torch.randn(2, 16, 64), torch.randn(32, 64), torch.randn(32)
-    with HpuAutocastMode(FP8):
+    with HpuAutocastMode(FP8, policy=SCALED_MM):
         y = F.linear(x, w, b)
-    xq, xs = _hand(x.to(torch.bfloat16).reshape(-1, 64), FP8)
-    wq, ws = _hand(w.to(torch.bfloat16), FP8)
-    ref = torch._scaled_mm(xq, wq.t(), xs, ws, bias=b.to(torch.bfloat16), out_dtype=torch.bfloat16)
-    assert torch.equal(y, ref.reshape(2, 16, 32))
+    with HpuAutocastMode(FP8):  # the CPU's default: the same operands, dequantized, in float32
+        emulated = F.linear(x, w, b)
+    # float32 master values quantized directly; the bias added to the float32 product (torchao)
+    xq, xs = _hand(x.reshape(-1, 64), FP8)
+    wq, ws = _hand(w, FP8)
+    ref = torch._scaled_mm(xq, wq.t(), xs, ws, out_dtype=torch.float32) + b
+    assert torch.equal(y, ref.to(torch.bfloat16).reshape(2, 16, 32))
+    ref = torch.mm(xq.float() / xs.reciprocal(), wq.float().t() / ws.reciprocal()) + b
+    assert torch.equal(emulated, ref.to(torch.bfloat16).reshape(2, 16, 32))
 
 
 def test_hpu_runs_mm_in_fp8_and_softmax_in_bf16():
@@ -116,7 +127,10 @@ def test_a_torch_whose_scaled_mm_has_no_kernel_for_the_device_falls_back_to_bf16
     # from inside the GEMM. Now the GEMM runs in bf16 and the report says why.
     monkeypatch.setattr(_torch, "scaled_mm_runs_on", lambda device_type: False)
     a, b = torch.randn(32, 64), torch.randn(64, 32)
-    with record(FP8) as rec:
+    with record(FP8) as rec:  # the default emulates where _scaled_mm has no kernel
+        torch.mm(a, b)
+    assert rec.report().flops_by_dtype == {"f8e4m3": 2 * 32 * 64 * 32}
+    with record(FP8, policy=SCALED_MM) as rec:
         out = torch.mm(a, b)
     report = rec.report()
     assert out.dtype is torch.bfloat16 and report.flops_by_dtype == {"bf16": 2 * 32 * 64 * 32}
@@ -145,10 +159,23 @@ def test_a_float64_gemm_is_left_alone():
     assert out.dtype is torch.float64
 
 
-def test_policies_without_fp8_refuse_it_naming_what_they_accept():
-    with pytest.raises(ValueError, match=r"does not support dtype=float8_e4m3fn; accepted: bfloat16, float16"):
-        HpuAutocastMode(FP8, policy="torch-cpu")
-    assert FP8 in get_preset("hpu").dtypes
+@pytest.mark.parametrize("preset", ["torch-cpu", "torch-cuda", "xpu", "hpu"])
+def test_any_policy_that_runs_bf16_runs_its_gemms_in_fp8_and_its_other_lower_ops_in_bf16(preset):
+    # issue 38: torch-cuda's lists were refused, so a CUDA user had to take Gaudi's.
+    policy = get_preset(preset)
+    a, b = torch.randn(32, 64), torch.randn(64, 16)
+    out, seen = _events(lambda: torch.softmax(torch.mm(a, b), -1).matmul(torch.randn(16, 16)), policy=preset,
+                        device_type="cpu")  # CPU tensors under any device's lists
+    lowered = [e for e in seen if policy.table.get(e.op) is CastPolicy.LOWER]
+    assert {str(e.op) for e in lowered} >= {"aten.mm.default"}
+    for e in lowered:  # the GEMMs in fp8, the rest of the lower list in bf16
+        assert e.compute is (FP8 if e.op in _fp8._GEMMS else torch.bfloat16), e
+
+
+def test_a_policy_without_bf16_refuses_fp8_naming_what_it_accepts():
+    policy = build_policy("f16-only", lower=["mm"], dtypes=(torch.float16,))
+    with pytest.raises(ValueError, match=r"does not support dtype=float8_e4m3fn; accepted: float16; fp8"):
+        HpuAutocastMode(FP8, policy=policy)
 
 
 def test_the_c_core_decides_no_call_of_an_fp8_region():
@@ -183,13 +210,13 @@ def test_the_backward_quantizes_the_gradient_to_e5m2():
     a = torch.randn(16, 32, requires_grad=True)
     b = torch.randn(32, 16)
     g = torch.randn(16, 16)
-    with HpuAutocastMode(FP8):
+    with HpuAutocastMode(FP8, policy=SCALED_MM):
         y = torch.mm(a, b)
     y.backward(g.to(torch.bfloat16))
     gq, gs = _hand(g.to(torch.bfloat16), torch.float8_e5m2)
-    bq, bs = _hand(b.to(torch.bfloat16), FP8)
-    ref = torch._scaled_mm(gq, bq.t().contiguous().t().t(), gs, bs, out_dtype=torch.bfloat16).float()
-    assert torch.equal(a.grad, ref)
+    bq, bs = _hand(b, FP8)
+    ref = torch._scaled_mm(gq, bq.t().contiguous().t().t(), gs, bs, out_dtype=torch.float32)
+    assert torch.equal(a.grad, ref)  # the float32 input's gradient: the float32 product
 
 
 def test_a_small_mlp_trains_to_within_1_5x_of_its_bf16_loss():
@@ -245,11 +272,11 @@ def test_delayed_scaling_scales_by_the_history_of_earlier_calls():
     x2 = x1 * 0.25  # with "max" over the history, x2 is scaled by x1's amax: fewer levels used
     with HpuAutocastMode(FP8, policy=policy):
         second = F.linear(x2, w)
-    xq = (x2.to(torch.bfloat16).float() * (448 / x1.to(torch.bfloat16).abs().max().float())).to(FP8)
-    wq, ws = _hand(w.detach().to(torch.bfloat16), FP8)
-    ref = torch._scaled_mm(xq, wq.t(), x1.to(torch.bfloat16).abs().max().float() / 448, ws,
-                           out_dtype=torch.bfloat16)
-    assert torch.equal(second, ref)
+    x1s = (448 / x1.abs().max().double()).float()
+    xq = (x2 * x1s).to(FP8)
+    wq, ws = _hand(w.detach(), FP8)
+    ref = torch.mm(xq.float() / x1s, wq.float().t() / ws.reciprocal())  # the CPU's emulated product
+    assert torch.equal(second, ref.to(torch.bfloat16))
 
 
 # -- 5. tune, testing, torch.compile ----------------------------------------------------------------
@@ -324,7 +351,7 @@ def test_the_report_shows_the_recipe_beside_the_fp8_dtype():
     with record(FP8, policy=policy) as rec:
         torch.mm(a, a)
     assert str(rec.report()).startswith(
-        "hpu_autocast precision report: policy hpu, dtype f8e4m3 (delayed(history=8, margin=0, amax=most_recent))")
+        "hpu_autocast precision report: policy hpu, dtype f8e4m3 (delayed(history=8, margin=0, amax=most_recent); emulated)")
     with record(torch.bfloat16) as rec:
         torch.mm(a, a)
     assert rec.report().dtype == "bf16"

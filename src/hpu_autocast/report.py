@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from ._engine import core as _core
+from ._engine import core as _core, fp8 as _fp8
 from . import _torch
 from ._torch import TorchDispatchMode, tree_map
 from ._facts import ops as _ops
@@ -142,6 +142,7 @@ class Recorder:
         self.policy = policy
         self.dtype = dtype
         self.recipe = recipe  # an fp8 region's scaling recipe (Policy.fp8), shown beside its dtype
+        self._fp8_products: Dict[str, None] = {}  # which fp8 products ran: "emulated", "_scaled_mm"
         self._warnings: Dict[tuple, list] = {}   # key -> [message, count, {op: None}]
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
@@ -180,6 +181,8 @@ class Recorder:
                 row.flops = (row.flops or 0) + f
             else:
                 self._warn(("flops", name), f"{name}: FLOPs unknown (no meta kernel); not counted")
+        if event.compute is torch.float8_e4m3fn:  # _fp8.route's reason says an emulated product
+            self._fp8_products["emulated" if event.reason == _fp8.EMULATED else "_scaled_mm"] = None
         if event.reason and event.reason.startswith("fp8 fallback"):  # _fp8.route: a GEMM in bf16
             self._warn(("fp8", name, event.reason), f"{name} ran in {short_dtype(event.compute)}, not fp8: "
                        f"{event.reason[len('fp8 fallback: '):]}")
@@ -249,7 +252,8 @@ class Recorder:
                 warnings.append(m if n == 1 else f"{m} ({n} calls)")
         dtype = short_dtype(self.dtype) if self.dtype else None
         if dtype and self.recipe is not None:
-            dtype = f"{dtype} ({self.recipe})"
+            ran = "; " + ", ".join(self._fp8_products) if self._fp8_products else ""
+            dtype = f"{dtype} ({self.recipe}{ran})"
         # The C++ core decides no call of an fp8 region (its GEMMs are _fp8's), so the Python
         # kernels run that region whatever engine this process has.
         engine = "python" if is_fp8(self.dtype) else None

@@ -20,6 +20,7 @@ region (``_core.region_for``).
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -27,7 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import dispatch as _dispatch
 from .. import _torch
-from ..policies.recipes import Delayed, Recipe
+from ..policies.recipes import Delayed, Recipe, emulates
 
 __all__ = ["route", "Gemm", "E4M3", "E5M2"]
 
@@ -37,46 +38,77 @@ _aten = torch.ops.aten
 
 
 # -- quantization: a per-tensor scale, from the call's amax or a history ----------------------
+#: torchao's ``EPS``: the smallest amax a scale is computed from (an all-zero operand).
+_EPS = 1e-12
+
+
 class _History:
     """A Delayed recipe's amaxes for one operand of one weight's GEMM (Transformer Engine's
-    ``amax_history``): a ring of ``recipe.history`` values, the scale from those of earlier calls."""
+    ``amax_history``): a ring of ``recipe.history`` values, the scale from those of earlier calls;
+    ``last``, the amax the last forward scaled by (a recomputation's, Note: fp8 recomputation)."""
 
-    __slots__ = ("recipe", "values", "filled", "at")
+    __slots__ = ("recipe", "values", "filled", "at", "last")
 
     def __init__(self, recipe: Delayed) -> None:
-        self.recipe, self.values, self.filled, self.at = recipe, None, 0, 0
+        self.recipe, self.values, self.filled, self.at, self.last = recipe, None, 0, 0, None
 
     def amax(self, current: torch.Tensor) -> torch.Tensor:
-        """The amax to scale by (the call's own where the history is empty), then ``current`` kept."""
-        if self.values is None:
-            self.values = torch.zeros(self.recipe.history, dtype=torch.float32, device=current.device)
-        if self.filled == 0:
-            used = current
-        elif self.recipe.amax_compute == "max":
-            used = self.values[:self.filled].max()
-        else:
-            used = self.values[(self.at - 1) % self.recipe.history]
-        self.values[self.at] = current
+        """The amax to scale by (the call's own where the history is empty), then ``current`` kept;
+        in a recomputation, the last forward's, and nothing kept."""
+        if self.last is not None and _torch.in_backward():
+            return self.last
+        # Note: the ring is made and written outside inference mode (a tensor made under
+        # torch.inference_mode() cannot be written after it: validate first, then train), and
+        # with no autograd history (its values are statistics, not a graph).
+        with torch.inference_mode(False), torch.no_grad():
+            if self.values is None:
+                self.values = torch.zeros(self.recipe.history, dtype=torch.float32, device=current.device)
+            if self.filled == 0:
+                used = current.clone()
+            elif self.recipe.amax_compute == "max":
+                used = self.values[:self.filled].max()
+            else:
+                used = self.values[(self.at - 1) % self.recipe.history].clone()
+            self.values[self.at] = current
         self.at = (self.at + 1) % self.recipe.history
         self.filled = min(self.filled + 1, self.recipe.history)
+        self.last = used
         return used
 
 
+# [Note: fp8 recomputation]
+# torch.utils.checkpoint runs a segment's forward again during the backward. A Delayed recipe's
+# recomputed GEMM must quantize as the forward did (its saved operands are replaced by the
+# recomputed ones, and the weight gradient is a product of those) and must not enter its amaxes a
+# second time: Transformer Engine restores the forward's scaling state for the recomputation. A
+# GEMM seen while a backward runs (``_torch.in_backward``) scales by the amax its history's last
+# forward used, and keeps nothing. (A weight used twice in one checkpointed segment gets its last
+# use's amax for both; a tensorwise recipe needs nothing: the recomputation sees the same values.)
+
+
+def _scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> torch.Tensor:
+    """The quantization scale ``finfo(dtype).max / amax / 2**margin`` as torchao's
+    ``amax_to_scale`` computes it: divided in float64, rounded to float32 (a float32 reciprocal
+    times the max is one ulp high for about a quarter of amaxes, flipping codes on fp8 ties)."""
+    scale = (torch.finfo(dtype).max / amax.double().clamp(min=_EPS)).float()
+    return scale / 2.0 ** margin if margin else scale
+
+
 def quantize(x: torch.Tensor, dtype: torch.dtype, history: Optional[_History] = None):
-    """``x`` in fp8 ``dtype`` and its dequantization scale (``x ~ q * inverse``): scaled so that its
-    amax (or the history's) meets the format's largest value, saturated beyond it."""
+    """``x`` in fp8 ``dtype`` and its quantization scale (``x ~ q / scale``): scaled so that its
+    amax (or the history's) meets the format's largest value, saturated beyond it; as torchao's
+    ``hp_tensor_and_scale_to_float8`` (the product in float32)."""
     big = torch.finfo(dtype).max
     amax = x.detach().abs().max().float()
     if history is not None:
         amax = history.amax(amax)
-    margin = 2.0 ** history.recipe.margin if history is not None else 1.0
-    scale = big / amax.clamp(min=1e-12) / margin
+    scale = _scale(amax, dtype, history.recipe.margin if history is not None else 0)
     q = (x.float() * scale).clamp(-big, big).to(dtype)
-    return q, scale.reciprocal()
+    return q, scale
 
 
 #: Delayed recipes' histories: weight -> {(op, operand, recipe): _History}. Keyed by the weight the
-#: user passed (a float32 parameter lives across steps; its bfloat16 copy only for a region).
+#: user passed (a float32 parameter lives across steps).
 _HISTORIES = WeakIdKeyDictionary()
 
 
@@ -99,78 +131,113 @@ def _row(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(1) == 1 else x.contiguous()
 
 
-def _mm(a_q, b_q, a_inv, b_inv, bias=None) -> torch.Tensor:
-    """The scaled fp8 product into bfloat16: on an HPU, Gaudi's bridge's ``hpu::fp8_gemm_v2`` where
-    ``habana_frameworks`` registered it (its ``A_scale_inv``/``B_scale_inv`` are these inverses),
-    else ``torch._scaled_mm``."""
+def _mm(a_q, b_q, a_s, b_s, out_dtype: torch.dtype, emulate: bool) -> torch.Tensor:
+    """The fp8 product ``(a_q / a_s) @ (b_q / b_s)`` in ``out_dtype`` (float32 or bfloat16).
+    Emulated: the dequantized operands multiplied as float32 matrices (torchao's ``emulate=True``,
+    its division too), at float32 ``mm``'s speed. Else on an HPU, Gaudi's bridge's
+    ``hpu::fp8_gemm_v2`` where ``habana_frameworks`` registered it (its ``A_scale_inv`` and
+    ``B_scale_inv`` are the inverse scales), elsewhere ``torch._scaled_mm``."""
+    if emulate:
+        return torch.mm(a_q.float() / a_s, b_q.float() / b_s).to(out_dtype)
+    a_inv, b_inv = a_s.reciprocal(), b_s.reciprocal()
     if a_q.device.type == "hpu" and hasattr(torch.ops.hpu, "fp8_gemm_v2"):
-        return torch.ops.hpu.fp8_gemm_v2(a_q, False, b_q, False, None, _BF16, a_inv, b_inv, bias, False)
-    return _torch.scaled_mm(_row(a_q), _col(b_q), a_inv, b_inv, bias=bias, out_dtype=_BF16)
+        return torch.ops.hpu.fp8_gemm_v2(a_q, False, b_q, False, None, out_dtype, a_inv, b_inv, None, False)
+    return _torch.scaled_mm(_row(a_q), _col(b_q), a_inv, b_inv, out_dtype=out_dtype)
+
+
+def _out(dtype: torch.dtype) -> torch.dtype:
+    """The product's dtype for a result of ``dtype``: its own where a GEMM writes it, else float32."""
+    return dtype if dtype in (_BF16, torch.float32) else torch.float32
 
 
 class _ScaledMatmul(torch.autograd.Function):
-    """``a @ b (+ bias)`` for 2-D ``a`` [m, k], ``b`` [k, n]: e4m3 operands, bfloat16 result; the
-    backward's products with the gradient in e5m2 against the saved e4m3 operands."""
+    """``alpha * (a @ b) + beta * add`` for 2-D ``a`` [m, k], ``b`` [k, n] (``add`` a bias or
+    ``None``): e4m3 operands, the product in float32 where something is added (then one rounding,
+    as torchao adds its bias after the product), into bfloat16; the backward's products with the
+    gradient in e5m2 against the saved e4m3 operands."""
 
     @staticmethod
-    def forward(ctx, a, b, bias, histories):
+    def forward(ctx, a, b, add, histories, emulate, alpha=1, beta=1):
         k = _dispatch._keys
         with k.excluded():
-            a_q, a_inv = quantize(a, E4M3, histories[0])
-            b_q, b_inv = quantize(b, E4M3, histories[1])
-            out = _mm(a_q, b_q, a_inv, b_inv, None if bias is None else bias.to(_BF16))
-        ctx.save_for_backward(a_q, b_q, a_inv, b_inv)
-        ctx.history, ctx.dtypes = histories[2], (a.dtype, b.dtype, None if bias is None else bias.dtype)
+            a_q, a_s = quantize(a, E4M3, histories[0])
+            b_q, b_s = quantize(b, E4M3, histories[1])
+            plain = add is None or beta == 0  # Note: beta=0 ignores add (NaN too), as torch does
+            out = _mm(a_q, b_q, a_s, b_s, _BF16 if plain and alpha == 1 else torch.float32, emulate)
+            if alpha != 1:
+                out = out * alpha
+            if not plain:
+                out = out + (add if beta == 1 else beta * add)
+            out = out.to(_BF16)
+        ctx.save_for_backward(a_q, b_q, a_s, b_s)
+        ctx.history, ctx.emulate, ctx.alpha, ctx.beta = histories[2], emulate, alpha, beta
+        ctx.dtypes = (a.dtype, b.dtype, None if add is None else add.dtype,
+                      None if add is None else add.shape)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        a_q, b_q, a_inv, b_inv = ctx.saved_tensors
-        need_a, need_b, need_bias, _ = ctx.needs_input_grad
-        grad_a = grad_b = grad_bias = None
+        a_q, b_q, a_s, b_s = ctx.saved_tensors
+        need_a, need_b, need_add = ctx.needs_input_grad[:3]
+        grad_a = grad_b = grad_add = None
         k = _dispatch._keys
         with k.excluded():  # a backward run inside a region: its own ops are not cast
-            g_q, g_inv = quantize(grad, E5M2, ctx.history)
+            g = grad if ctx.alpha == 1 else grad * ctx.alpha
+            g_q, g_s = quantize(g, E5M2, ctx.history)
             if need_a:
-                grad_a = _mm(g_q, b_q.t(), g_inv, b_inv).to(ctx.dtypes[0])
+                dtype = ctx.dtypes[0]
+                grad_a = _mm(g_q, b_q.t(), g_s, b_s, _out(dtype), ctx.emulate).to(dtype)
             if need_b:
-                grad_b = _mm(a_q.t(), g_q, a_inv, g_inv).to(ctx.dtypes[1])
-            if need_bias:
-                grad_bias = grad.sum(0).to(ctx.dtypes[2])
-        return grad_a, grad_b, grad_bias, None
+                dtype = ctx.dtypes[1]
+                grad_b = _mm(a_q.t(), g_q, a_s, g_s, _out(dtype), ctx.emulate).to(dtype)
+            if need_add:
+                g_add = grad.float() * ctx.beta if ctx.beta != 1 else grad.float()
+                grad_add = _sum_to(g_add, ctx.dtypes[3]).to(ctx.dtypes[2])
+        return grad_a, grad_b, grad_add, None, None, None, None
+
+
+def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
+    """``grad`` summed over the dimensions ``shape`` was broadcast along."""
+    lead = grad.dim() - len(shape)
+    grad = grad.sum(tuple(range(lead))) if lead else grad
+    dims = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return (grad.sum(dims, keepdim=True) if dims else grad).reshape(shape)
 
 
 # -- the GEMMs: each flattened or looped to 2-D products ----------------------------------------
-def _matmul2d(a, b, bias, histories):
-    return _ScaledMatmul.apply(a, b, bias, histories)
+def _matmul2d(h, a, b, add=None, alpha=1, beta=1):
+    histories, emulate = h
+    return _ScaledMatmul.apply(a, b, add, histories, emulate, alpha, beta)
 
 
 def _linear(h, input, weight, bias=None):
-    out = _matmul2d(input.reshape(-1, input.shape[-1]), weight.t(), bias, h)
+    out = _matmul2d(h, input.reshape(-1, input.shape[-1]), weight.t(), bias)
     return out.reshape(*input.shape[:-1], weight.shape[0])
 
 
 def _mm_call(h, self, mat2):
-    return _matmul2d(self, mat2, None, h)
+    return _matmul2d(h, self, mat2)
 
 
 def _addmm(h, self, mat1, mat2, *, beta=1, alpha=1):
-    if beta == 1 and alpha == 1 and self.dim() == 1:
-        return _matmul2d(mat1, mat2, self, h)
-    return beta * self + alpha * _matmul2d(mat1, mat2, None, h)
+    return _matmul2d(h, mat1, mat2, self, alpha, beta)
 
 
-def _bmm(h, self, mat2):
-    return torch.stack([_matmul2d(a, b, None, h) for a, b in zip(self.unbind(0), mat2.unbind(0))])
+def _bmm(h, self, mat2, add=None, alpha=1, beta=1):
+    if self.shape[0] == 0:  # an empty batch: nothing to quantize (stack takes no empty list)
+        out = torch.bmm(self.to(_BF16), mat2.to(_BF16))
+        return out if add is None else out + add.to(_BF16)
+    adds = [None] * self.shape[0] if add is None else add.expand(self.shape[0], self.shape[1], mat2.shape[2]).unbind(0)
+    return torch.stack([_matmul2d(h, a, b, c, alpha, beta) for a, b, c in zip(self.unbind(0), mat2.unbind(0), adds)])
 
 
 def _baddbmm(h, self, batch1, batch2, *, beta=1, alpha=1):
-    return beta * self + alpha * _bmm(h, batch1, batch2)
+    return _bmm(h, batch1, batch2, self, alpha, beta)
 
 
 def _matmul(h, self, other):
     if other.dim() == 2:
-        out = _matmul2d(self.reshape(-1, self.shape[-1]), other, None, h)
+        out = _matmul2d(h, self.reshape(-1, self.shape[-1]), other)
         return out.reshape(*self.shape[:-1], other.shape[-1])
     batch = self.shape[:-2]  # N-D by N-D of one batch shape (attention's scores): one bmm
     out = _bmm(h, self.reshape(-1, *self.shape[-2:]), other.reshape(-1, *other.shape[-2:]))
@@ -226,34 +293,44 @@ _WEIGHT = {_aten.linear.default: 1, _aten.mm.default: 1, _aten.addmm.default: 2,
 
 class Gemm:
     """The fp8 product that replaces a GEMM's overload in a call (``route``): called as the
-    overload would be, on the call's arguments cast to bfloat16."""
+    overload would be, on the call's arguments as the user passed them (a float32 master weight is
+    quantized directly, as torchao does: no bfloat16 copy between). ``emulated``: whether it
+    multiplies dequantized float32 matrices (``recipes.emulates``)."""
 
-    __slots__ = ("_product", "_histories")
+    __slots__ = ("_product", "_h", "emulated")
 
-    def __init__(self, product: Callable, histories: tuple) -> None:
-        self._product, self._histories = product, histories
+    def __init__(self, product: Callable, histories: tuple, emulated: bool) -> None:
+        self._product, self._h, self.emulated = product, (histories, emulated), emulated
 
     def _op(self, *args, **kwargs):
-        return self._product(self._histories, *args, **kwargs)
+        return self._product(self._h, *args, **kwargs)
+
+
+#: A Gemm's event's reason: which product ran (the report counts them).
+EMULATED = "fp8: emulated (dequantized float32 mm)"
+_WARNED_COMPILE = []
 
 
 def route(frame, op, args: tuple, kwargs: dict) -> Tuple[object, Optional[str]]:
-    """What runs a LOWER call in an fp8 region (Note: fp8 regions), on its inputs cast to
-    bfloat16, and why: for a GEMM that ``_scaled_mm`` takes, its ``Gemm``; else ``op``, with the
-    reason where ``op`` is a GEMM (``None`` for any other op)."""
+    """What runs a LOWER call in an fp8 region (Note: fp8 regions), and why: for a GEMM the fp8
+    path takes, its ``Gemm`` (called on the inputs as passed); else ``op`` (on its inputs cast to
+    bfloat16), with the reason where ``op`` is a GEMM (``None`` for any other op)."""
     entry = _GEMMS.get(op)
     if entry is None:
         return op, None
     shape, product = entry
     region = frame.region
     policy = region.compiled.policy
+    recipe = policy.fp8
     if op in policy.bf16_gemms:
         return op, "fp8: kept in bf16 by the policy (bf16_gemms)"
+    runs = _torch.HAS_SCALED_MM and _torch.scaled_mm_runs_on(region.device_type)
+    emulated = emulates(recipe, region.device_type, runs)
     if not all(t.is_floating_point() and region.eligible(t) for t in args if isinstance(t, torch.Tensor)):
         why = "an input the region does not cast (float64, another device)"
-    elif not _torch.HAS_SCALED_MM:
+    elif not emulated and not _torch.HAS_SCALED_MM:
         why = f"torch {torch.__version__} has no torch._scaled_mm"
-    elif not _torch.scaled_mm_runs_on(region.device_type):
+    elif not emulated and not runs:
         why = f"torch {torch.__version__}'s torch._scaled_mm has no kernel for {region.device_type} tensors"
     else:
         try:
@@ -264,4 +341,18 @@ def route(frame, op, args: tuple, kwargs: dict) -> Tuple[object, Optional[str]]:
         return op, f"fp8 fallback: {why}"
     at = _WEIGHT.get(op)
     weight = args[at] if at is not None and at < len(args) else None
-    return Gemm(product, _histories(policy.fp8, weight, str(op))), None
+    histories = _histories(recipe, weight, str(op))
+    if histories[0] is not None and _compiling(weight):
+        # Note: under torch.compile the GEMM is traced on stand-ins of the weight, so no history
+        # persists across steps: the compiled GEMM scales tensorwise. Said once, loudly.
+        histories = (None, None, None)
+        if not _WARNED_COMPILE:
+            _WARNED_COMPILE.append(True)
+            warnings.warn("hpu_autocast: a Delayed fp8 recipe under torch.compile scales tensorwise (compiled "
+                          "code keeps no amax history); run Delayed eagerly, or use Tensorwise()", stacklevel=2)
+    return Gemm(product, histories, emulated), EMULATED if emulated else None
+
+
+def _compiling(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is a tracer's stand-in (torch.compile's fake or functional tensors)."""
+    return torch.compiler.is_compiling() or type(weight) not in (torch.Tensor, torch.nn.Parameter)

@@ -232,7 +232,8 @@ def _lower(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
     if lower is frame.dtype:
         return lower, op, args, kwargs, None
     call, why = _fp8.route(frame, op, args, kwargs)
-    return lower, call, args, kwargs, why
+    # an fp8 product quantizes the inputs as passed (a float32 master weight directly): no cast
+    return (None if type(call) is _fp8.Gemm else lower), call, args, kwargs, why
 
 
 def _fp32(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> _Plan:

@@ -61,6 +61,9 @@ name (``torch._C.``)                        use; fallback
                                             returns a pair and has no CPU kernel:
                                             ``scaled_mm_runs_on``); missing: ``scaled_mm``
                                             raises, naming the torch
+``_current_graph_task_id``                  whether a backward runs (``in_backward``: an fp8
+                                            region's recomputation under checkpointing);
+                                            missing: ``False``
 ==========================================  ==================================================
 
 Public in use, but under private paths (present on 2.4.1, 2.13.0 and 2.14.1; required, no
@@ -208,6 +211,15 @@ def scaled_mm_runs_on(device_type: str) -> bool:
     dispatcher once per device type: an fp8 region's router asks it at every GEMM."""
     key = _SCALED_MM_BACKENDS.get(device_type)
     return HAS_SCALED_MM and (key is None or _C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm", key))
+
+
+_GRAPH_TASK_ID = getattr(_C, "_current_graph_task_id", None)
+
+
+def in_backward() -> bool:
+    """Whether this thread runs a backward (autograd's engine executes a graph task): a forward op
+    seen now is a recomputation (``torch.utils.checkpoint``) or a double backward."""
+    return _GRAPH_TASK_ID is not None and _GRAPH_TASK_ID() != -1
 
 
 def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):

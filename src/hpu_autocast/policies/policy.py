@@ -17,7 +17,7 @@ import torch
 
 from .._torch import OpOverload
 from .._facts import ops as _ops
-from .recipes import FP8_DTYPES, Delayed, Recipe, Tensorwise
+from .recipes import FP8_DTYPES, Delayed, Recipe, Tensorwise, supports
 
 __all__ = ["CastPolicy", "Policy", "BuildRecord", "EXPLICIT_DTYPE"]
 
@@ -290,11 +290,12 @@ class Policy:
         return sorted((op for op, a in self.table.items() if a is action), key=str)
 
     def check_dtype(self, dtype: torch.dtype) -> None:
-        """Raise ``ValueError`` naming ``dtype`` if this policy cannot run in it."""
-        if dtype not in self.dtypes:
+        """Raise ``ValueError`` naming ``dtype`` if this policy cannot run in it (an fp8 dtype runs
+        under any policy that runs bfloat16: ``recipes.supports``)."""
+        if not supports(self.dtypes, dtype):
             accepted = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
-            fp8 = ("; fp8 regions need a policy whose dtypes include it (the hpu preset, or "
-                   "Policy(dtypes=...))" if dtype in FP8_DTYPES else "")
+            fp8 = ("; fp8 regions need a policy whose dtypes include it or bfloat16"
+                   if dtype in FP8_DTYPES else "")
             raise ValueError(
                 f"policy {self.name!r} does not support dtype={str(dtype).replace('torch.', '')}; "
                 f"accepted: {accepted}{fp8}"

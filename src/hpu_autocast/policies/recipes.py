@@ -5,21 +5,28 @@ A recipe is part of a policy's value (``Policy.fp8``): equal policies have equal
 compiled key the compile guard checks, the pickle and the report all carry it.
 
 * ``Tensorwise()``, the default: stateless, dynamic. Each operand's scale is
-  ``finfo(fp8).max / amax(operand)`` at the call (torchao's float8 training, "tensorwise").
+  ``finfo(fp8).max / amax(operand)`` at the call, divided in float64 and rounded to float32 as
+  torchao's ``amax_to_scale`` does (torchao's float8 training, "tensorwise").
 * ``Delayed(history, margin, amax_compute)``: Transformer Engine's ``DelayedScaling``. The scale
   comes from the amaxes seen at earlier calls (a history of ``history`` values per weight and
   call site): ``finfo(fp8).max / amax / 2**margin``, with ``amax`` the history's maximum
   (``"max"``) or its last value (``"most_recent"``); the call's own amax then enters the history.
+
+Each recipe also says how the quantized operands are multiplied (``emulate``): ``None`` (the
+default) multiplies them as dequantized float32 matrices on a CPU (torchao's ``emulate=True``:
+torch's CPU ``torch._scaled_mm`` is about 3000x slower than a bfloat16 ``mm``) and where
+``torch._scaled_mm`` has no kernel for the device, by ``torch._scaled_mm`` (or Gaudi's
+``fp8_gemm_v2``) elsewhere; ``True`` always emulates, ``False`` never does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
-__all__ = ["FP8_DTYPES", "Tensorwise", "Delayed", "Recipe", "is_fp8", "cast_dtype"]
+__all__ = ["FP8_DTYPES", "Tensorwise", "Delayed", "Recipe", "is_fp8", "cast_dtype", "supports", "emulates"]
 
 #: The region dtypes that mean "GEMMs in fp8": the forward's operands in e4m3; the gradient in
 #: e5m2 (Transformer Engine's "hybrid" format); everything else the policy lowers in bfloat16.
@@ -40,12 +47,25 @@ def cast_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype in FP8_DTYPES else dtype
 
 
+def supports(dtypes: tuple, dtype: torch.dtype) -> bool:
+    """Whether a policy of ``dtypes`` runs regions of ``dtype``: one of them, or an fp8 dtype where
+    the policy runs bfloat16 (its GEMMs then run in fp8, its other lower ops in bfloat16)."""
+    return dtype in dtypes or (dtype in FP8_DTYPES and cast_dtype(dtype) in dtypes)
+
+
 @dataclass(frozen=True)
 class Tensorwise:
     """Dynamic per-tensor scaling: each operand's scale from its own amax at the call."""
 
+    #: How the quantized operands are multiplied (module docstring): ``None``, emulated on a
+    #: CPU; ``True``, always emulated; ``False``, ``torch._scaled_mm`` always.
+    emulate: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        _check_emulate(self)
+
     def __str__(self) -> str:
-        return "tensorwise"
+        return "tensorwise" + _emulate_str(self)
 
 
 @dataclass(frozen=True)
@@ -59,8 +79,11 @@ class Delayed:
     margin: int = 0
     #: ``"max"``: the history's largest amax; ``"most_recent"``: its last.
     amax_compute: str = "max"
+    #: As ``Tensorwise.emulate``.
+    emulate: Optional[bool] = None
 
     def __post_init__(self) -> None:
+        _check_emulate(self)
         if not (isinstance(self.history, int) and self.history >= 1):
             raise ValueError(f"Delayed: history = {self.history!r}; accepted: an int >= 1")
         if not isinstance(self.margin, int) or self.margin < 0:
@@ -70,7 +93,26 @@ class Delayed:
                              f"{' or '.join(map(repr, AMAX_COMPUTE))}")
 
     def __str__(self) -> str:
-        return f"delayed(history={self.history}, margin={self.margin}, amax={self.amax_compute})"
+        return (f"delayed(history={self.history}, margin={self.margin}, amax={self.amax_compute}"
+                f"{_emulate_str(self)[1:-1] and ', ' + _emulate_str(self)[1:-1]})")
+
+
+def _check_emulate(recipe) -> None:
+    if recipe.emulate not in (None, True, False):
+        raise ValueError(f"{type(recipe).__name__}: emulate = {recipe.emulate!r}; accepted: None (emulated on a "
+                         "CPU), True or False")
+
+
+def _emulate_str(recipe) -> str:
+    return "" if recipe.emulate is None else f"({'emulated' if recipe.emulate else 'scaled_mm'})"
+
+
+def emulates(recipe, device_type: str, scaled_mm_runs: bool) -> bool:
+    """Whether ``recipe``'s GEMMs on ``device_type`` multiply dequantized float32 matrices rather
+    than call ``torch._scaled_mm`` (which runs there where ``scaled_mm_runs``)."""
+    if recipe.emulate is None:
+        return device_type == "cpu" or not scaled_mm_runs
+    return recipe.emulate
 
 
 Recipe = Union[Tensorwise, Delayed]

@@ -27,7 +27,7 @@ from .._facts import ops as _ops
 from .. import mode as _mode
 from ..policies.policy import CastPolicy, Policy
 from ..policies.presets import get_preset, preset_names
-from ..policies.recipes import AMAX_COMPUTE, Delayed, Tensorwise, is_fp8
+from ..policies.recipes import AMAX_COMPUTE, Delayed, Tensorwise, is_fp8, supports
 
 __all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "ELIGIBLE_DTYPES"]
 
@@ -83,7 +83,7 @@ def policies(*, presets: Optional[Iterable[str]] = None, ops: Union[None, str, I
     names = list(presets) if presets is not None else _usable_presets(dev)
     bases = [get_preset(n) for n in names]
     if dtype is not None:
-        bases = [b for b in bases if dtype in b.dtypes]
+        bases = [b for b in bases if supports(b.dtypes, dtype)]
     if ops == "registered":
         pool = _registered_ops()
     elif ops is not None:
