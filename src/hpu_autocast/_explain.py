@@ -25,7 +25,7 @@ from typing import List, Optional
 import torch
 
 from .policies.names import PolicyError, resolve
-from .policies.policy import CastPolicy, Policy
+from .policies.policy import Policy
 
 __all__ = ["DTYPE_MISMATCH", "explain", "note"]
 
