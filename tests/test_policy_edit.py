@@ -13,7 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, get_preset, with_lists
+from hpu_autocast import (
+    CastPolicy,
+    HpuAutocastMode,
+    PolicyError,
+    get_preset,
+    with_lists,
+)
 from hpu_autocast.cli import policy_rows
 
 aten = torch.ops.aten

@@ -10,9 +10,9 @@ import warnings
 
 import pytest
 import torch
+from hpu_autocast.builder import ENV_FP32, ENV_LOWER
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, get_preset, with_lists
-from hpu_autocast.builder import ENV_FP32, ENV_LOWER
 from hpu_autocast.cli import main
 
 aten = torch.ops.aten
