@@ -1,21 +1,24 @@
 """FP8 GEMMs (``_fp8``): what a region of an fp8 dtype (``recipes.FP8_DTYPES``) does with the
 GEMMs its policy lowers: both operands quantized to e4m3 with per-tensor scales (the policy's
-recipe, ``Policy.fp8``), multiplied by ``torch._scaled_mm`` (through ``_torch.scaled_mm``) into
-bfloat16 (+ bias); the backward's two GEMMs with the gradient in e5m2 and the saved operands in
-e4m3 (Transformer Engine's "hybrid" format).
+recipe, ``Policy.fp8``), multiplied by ``torch._scaled_mm`` (through ``_torch.scaled_mm``), or as
+dequantized float32 matrices (emulated: the default on a CPU, ``recipes.emulates``), into
+bfloat16; the backward's two GEMMs with the gradient in e5m2 and the saved operands in e4m3
+(Transformer Engine's "hybrid" format).
 
 [Note: fp8 regions]
 An fp8 region is a bfloat16 region whose GEMMs run in fp8. The kernels' LOWER function asks
 ``route`` (the one place): for a GEMM of ``_GEMMS`` whose shapes ``_scaled_mm`` takes (2-D
 products with every dimension a positive multiple of 16; ``linear`` and ``matmul`` of N-D inputs
-flattened to 2-D, ``bmm`` and ``baddbmm`` one product per batch), ``route`` replaces the call's
-overload by a ``Gemm`` that does the above and says the call computed in e4m3; any other GEMM
-runs in bfloat16 with the reason (``fp8 fallback: ...``) in its event, so the report names it;
-every other lowered op runs in bfloat16. The walk casts the inputs to bfloat16 first (through
-the cast cache, as any region's), so a float32 master weight is cast once per region, and its
-gradient reaches it in float32 through the cast's own backward: master weights are untouched, and
-no loss scaler is needed (e5m2's range is float16's). The C++ core decides no call of an fp8
-region (``_core.region_for``).
+flattened to 2-D, ``bmm`` and ``baddbmm`` one product per batch; the emulation takes the same
+shapes, so a CPU run shows what a GPU's would), ``route`` replaces the call's overload by a
+``Gemm`` that does the above and says the call computed in e4m3; any other GEMM runs in bfloat16
+with the reason (``fp8 fallback: ...``) in its event, so the report names it; every other lowered
+op runs in bfloat16. A ``Gemm`` takes its inputs uncast, as torchao's ``Float8Linear`` does: a
+float32 master weight is quantized directly (no bfloat16 copy between, which moved 1-2% of the
+codes), its scale is torchao's (``_scale``), a bias or ``addmm``'s ``self`` is added to the
+float32 product (one rounding into bfloat16), and the gradients reach the inputs in their own
+dtypes: master weights are untouched, and no loss scaler is needed (e5m2's range is float16's).
+The C++ core decides no call of an fp8 region (``_core.region_for``).
 """
 
 from __future__ import annotations
@@ -99,12 +102,11 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, history: Optional[_History] = 
     amax (or the history's) meets the format's largest value, saturated beyond it; as torchao's
     ``hp_tensor_and_scale_to_float8`` (the product in float32)."""
     big = torch.finfo(dtype).max
-    amax = x.detach().abs().max().float()
+    amax = torch.linalg.vector_norm(x.detach(), float("inf")).float()  # max |x|, one pass, no temporary
     if history is not None:
         amax = history.amax(amax)
     scale = _scale(amax, dtype, history.recipe.margin if history is not None else 0)
-    q = (x.float() * scale).clamp(-big, big).to(dtype)
-    return q, scale
+    return (x.float() * scale).clamp_(-big, big).to(dtype), scale
 
 
 #: Delayed recipes' histories: weight -> {(op, operand, recipe): _History}. Keyed by the weight the
@@ -138,7 +140,7 @@ def _mm(a_q, b_q, a_s, b_s, out_dtype: torch.dtype, emulate: bool) -> torch.Tens
     ``hpu::fp8_gemm_v2`` where ``habana_frameworks`` registered it (its ``A_scale_inv`` and
     ``B_scale_inv`` are the inverse scales), elsewhere ``torch._scaled_mm``."""
     if emulate:
-        return torch.mm(a_q.float() / a_s, b_q.float() / b_s).to(out_dtype)
+        return torch.mm(a_q.float().div_(a_s), b_q.float().div_(b_s)).to(out_dtype)
     a_inv, b_inv = a_s.reciprocal(), b_s.reciprocal()
     if a_q.device.type == "hpu" and hasattr(torch.ops.hpu, "fp8_gemm_v2"):
         return torch.ops.hpu.fp8_gemm_v2(a_q, False, b_q, False, None, out_dtype, a_inv, b_inv, None, False)
