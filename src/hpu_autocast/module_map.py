@@ -375,8 +375,10 @@ _torch_autocast.add_recompute_capture(_capture)
 # -- a region's map ----------------------------------------------------------------------------
 def open_map(mode, observer, recorder=None) -> _Active:
     """Put ``mode.modules`` in force in the calling context for the region ``mode`` just entered
-    (``observer``: the region's, which the overrides' regions report to, tagged with the module)."""
-    from .mode import HpuAutocastMode
+    (``observer``: the region's, which the overrides' regions report to, tagged with the module).
+    An override's region is a mode of ``mode``'s own class: this module sits below ``mode``'s and
+    imports nothing of it."""
+    HpuAutocastMode = type(mode)
 
     def make(override: Override, name: str):
         if recorder is not None:
