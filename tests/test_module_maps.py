@@ -42,10 +42,12 @@ def _wrapped(forward, value, outer: dict):
         if value is None:
             with HpuAutocastMode(enabled=False):
                 return forward(*args, **kwargs)
+        # The map's nested regions cast for the enclosing region's device (docs/modules.md), so the
+        # oracle's do too (left out, a region's device is the machine's: cuda under --as-if-cuda).
         if isinstance(value, torch.dtype):
-            region = HpuAutocastMode(value, policy=outer["policy"])
+            region = HpuAutocastMode(value, policy=outer["policy"], device_type=outer["device_type"])
         else:
-            region = HpuAutocastMode(outer["dtype"], policy=value)
+            region = HpuAutocastMode(outer["dtype"], policy=value, device_type=outer["device_type"])
         with region:
             return forward(*args, **kwargs)
     return run
