@@ -20,7 +20,14 @@ from hpu_autocast import HpuAutocastMode, get_dtype, get_preset, is_enabled
 # torch warns that its global module hooks fire once more for torch.compile's OptimizedModule
 # wrapper; the map skips that wrapper (its names are the model's: docs/modules.md), so here the
 # extra call changes nothing, which the compiled train steps below check bit for bit.
-pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile.module.` when there are global hooks:UserWarning")
+# Dynamo also traces the map's hooks in a compiled forward and says so twice (the thread id, a
+# cached fnmatch); the compiled steps below equal the eager oracle bit for bit all the same. Known
+# limitation, docs/modules.md: the hooks are not yet kept out of Dynamo's trace.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Using `torch.compile.module.` when there are global hooks:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace the builtin `_thread.get_ident:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning"),
+]
 
 BF16 = torch.bfloat16
 
