@@ -20,6 +20,14 @@ import torch.nn.functional as F
 import hpu_autocast
 from hpu_autocast import HpuAutocastMode, disable_casts
 
+# Expected here and about nothing these tests check: torch deprecates torch.jit.script_method (the
+# TorchScript cases), and Dynamo says once that it traces through the builder's cached preset
+# lookup when a compiled function enters a region itself (noted in the closing note of 2026-12-02).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning"),
+]
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _CAST = torch.ops.aten._to_copy.default

@@ -238,6 +238,7 @@ def _lstm_steps_without_onednn(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN:UserWarning")  # torch's, switching oneDNN off
 def test_lstm_without_onednn_matches_native(dtype):
     # Without oneDNN, aten::lstm runs its cells in C++ and calls at::linear from there. Native
     # autocast casts at that at::linear entry, and so do the engine's kernels, which sit on an

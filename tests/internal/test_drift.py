@@ -36,7 +36,8 @@ from hpu_autocast._facts.ops import all_overloads, has_kernel, is_composite, op_
 from hpu_autocast.policies.presets import PRESETS
 
 # torch deprecates these listed ops; the suite still checks them, as long as torch has them.
-pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated in favor of:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*is deprecated in favor of:UserWarning"),
+              pytest.mark.filterwarnings("ignore:A window was not provided:UserWarning")]  # stft's sample
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
