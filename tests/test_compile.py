@@ -170,6 +170,20 @@ def test_a_compiled_function_that_enters_a_region_itself():
     assert out.dtype == torch.bfloat16 and torch.equal(out, f(x))
 
 
+def test_once_dynamo_is_loaded_it_skips_the_whole_package():
+    # The layout move put the skip in hpu_autocast._torch, whose __package__ it named: Dynamo then
+    # traced the rest, mode.py's region entry in a compiled function that opens a region (torch
+    # 2.14 warned of `_thread.get_ident`), the module map's hooks, the Python kernels after a break.
+    from torch._dynamo import trace_rules
+
+    with HpuAutocastMode(policy="torch-cpu"):
+        torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+    from hpu_autocast import mode, module_map
+    from hpu_autocast._engine import kernels
+    for module in (hpu_autocast, mode, module_map, kernels):
+        assert trace_rules.check_file(module.__file__).skipped, module.__name__
+
+
 def test_an_observing_region_runs_compiled_code_eagerly_so_it_sees_each_call():
     # A compiled graph runs without Python: the observer would see the calls traced on fake
     # tensors and none of the real ones. While such a region is open the stance is force_eager.

@@ -20,13 +20,8 @@ from hpu_autocast import HpuAutocastMode, get_dtype, get_preset, is_enabled
 # torch warns that its global module hooks fire once more for torch.compile's OptimizedModule
 # wrapper; the map skips that wrapper (its names are the model's: docs/modules.md), so here the
 # extra call changes nothing, which the compiled train steps below check bit for bit.
-# Dynamo also traces the map's hooks in a compiled forward and says so twice (the thread id, a
-# cached fnmatch); the compiled steps below equal the eager oracle bit for bit all the same. Known
-# limitation, docs/modules.md: the hooks are not yet kept out of Dynamo's trace.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Using `torch.compile.module.` when there are global hooks:UserWarning"),
-    pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace the builtin `_thread.get_ident:UserWarning"),
-    pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning"),
 ]
 
 BF16 = torch.bfloat16
@@ -134,8 +129,9 @@ def test_module_map_matches_the_hand_edited_model(name, model, inputs, modules, 
     # gradients by rounding, while the mapped model compiled equals it bit for bit.
     edited = _train_step(model, inputs, outer, False, edit=modules)
     _assert_same(mapped, edited)
-    # The map changes something: without it the step differs (the oracle is not vacuous).
-    plain = _train_step(model, inputs, outer, compiled)
+    # The map changes something: without it the step differs (the oracle is not vacuous). Eager
+    # suffices for that and saves a second compile of the model.
+    plain = _train_step(model, inputs, outer, False)
     assert not torch.equal(plain[0], mapped[0]) or any(not torch.equal(plain[1][n], mapped[1][n]) for n in plain[1])
 
 

@@ -97,7 +97,7 @@ def skip_package() -> None:
     try:
         from torch._dynamo import trace_rules
 
-        trace_rules.add(__package__)
+        trace_rules.add(_PACKAGE)  # the whole package, not this subpackage (__package__)
     except Exception:  # pragma: no cover - a torch without it: Dynamo traces into the package
         pass
 
