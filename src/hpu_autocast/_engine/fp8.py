@@ -101,14 +101,14 @@ def _scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0, pow2: bool =
 
 
 def _amax(x: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
-    """``max |x|`` in float32 (over ``dim``, kept, where given): as ``aminmax``'s two ends, one
-    pass and no temporary (12x faster than ``vector_norm(x, inf)`` on a CPU; the same values,
-    NaN too)."""
+    """``max |x|`` in float32 (over ``dim``, kept, where given). Over the whole tensor, as
+    ``aminmax``'s two ends: one pass and no temporary (12x faster than ``vector_norm(x, inf)`` on
+    a CPU; the same values, NaN too); along ``dim``, torchao's ``abs().amax`` (3x faster there
+    than ``aminmax`` along a dimension)."""
     x = x.detach()
-    if dim is None:  # over a transposed weight's contiguous storage: no copy
-        lo, hi = torch.aminmax(x.t() if x.dim() == 2 and not x.is_contiguous() else x)
-    else:
-        lo, hi = torch.aminmax(x, dim=dim, keepdim=True)
+    if dim is not None:
+        return x.abs().amax(dim=dim, keepdim=True).float()
+    lo, hi = torch.aminmax(x.t() if x.dim() == 2 and not x.is_contiguous() else x)  # (no copy of a weight.t())
     return torch.maximum(lo.neg(), hi).float()
 
 
