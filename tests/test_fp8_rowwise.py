@@ -139,3 +139,13 @@ def test_the_amax_is_vector_norms_nan_and_inf_too():
         for t in (x, x.t(), x.to(BF16)):
             ref = torch.linalg.vector_norm(t, float("inf")).float()
             assert torch.equal(_fp8._amax(t).nan_to_num(), ref.nan_to_num())
+
+
+@pytest.mark.parametrize("recipe", [Tensorwise(), Rowwise()], ids=str)
+def test_a_linears_weight_gradient_comes_contiguous(recipe):
+    # computed as (g.t() @ a).t() for a weight.t(): AccumulateGrad copies nothing (same bits)
+    lin = torch.nn.Linear(32, 16)
+    with HpuAutocastMode(FP8, policy=_policy(recipe)):
+        y = lin(torch.randn(16, 32))
+    y.float().sum().backward()
+    assert lin.weight.grad.is_contiguous()

@@ -218,7 +218,18 @@ def _forward(a_q, b_q, a_s, b_s, add, alpha, beta, emulate: bool) -> torch.Tenso
     return out.to(_BF16)
 
 
+def _grad_b(a_q, g_q, a_s, g_s, out_dtype: torch.dtype, emulate: bool, transposed: bool) -> torch.Tensor:
+    """``a.t() @ g``, the gradient of ``b``, laid out as ``b``: ``(g.t() @ a).t()`` for a
+    ``weight.t()`` (torchao's order), so that the weight's gradient is contiguous and autograd's
+    ``AccumulateGrad`` copies nothing (a 4 MB copy for a 1024-wide linear). The float32 ``mm``
+    gives the same bits either way round (measured on shapes from 16 to 4096)."""
+    if transposed:
+        return _mm(g_q.t(), a_q, g_s.t(), a_s, out_dtype, emulate).t()
+    return _mm(a_q.t(), g_q, a_s.t(), g_s, out_dtype, emulate)
+
+
 def _save(ctx, a, b, add, emulate, alpha, beta) -> None:
+    ctx.transposed = b.dim() == 2 and not b.is_contiguous() and b.t().is_contiguous()  # (a weight.t())
     ctx.emulate, ctx.alpha, ctx.beta = emulate, alpha, beta
     ctx.dtypes = (a.dtype, b.dtype, None if add is None else add.dtype, None if add is None else add.shape)
 
@@ -262,7 +273,7 @@ class _ScaledMatmul(torch.autograd.Function):
                 grad_a = _mm(g_q, b_q.t(), g_s, b_s, _out(dtype), ctx.emulate).to(dtype)
             if need_b:
                 dtype = ctx.dtypes[1]
-                grad_b = _mm(a_q.t(), g_q, a_s, g_s, _out(dtype), ctx.emulate).to(dtype)
+                grad_b = _grad_b(a_q, g_q, a_s, g_s, _out(dtype), ctx.emulate, ctx.transposed).to(dtype)
             if need_add:
                 grad_add = _grad_add(ctx, grad)
         return grad_a, grad_b, grad_add, None, None, None, None
@@ -311,11 +322,12 @@ class _RowwiseMatmul(torch.autograd.Function):
                 dtype = ctx.dtypes[1]
                 if ctx.high:
                     hp = torch.promote_types(g.dtype, a.dtype)
-                    grad_b = torch.mm(g.to(hp).t(), a.to(hp)).t().to(dtype)
+                    g, a = g.to(hp), a.to(hp)
+                    grad_b = (torch.mm(g.t(), a).t() if ctx.transposed else torch.mm(a.t(), g)).to(dtype)
                 else:
                     g_q, g_s = quantize(g, E4M3, dim=0, pow2=True)
                     a_q, a_s = quantize(a, E4M3, dim=0, pow2=True)
-                    grad_b = _mm(g_q.t(), a_q, g_s.t(), a_s, _out(dtype), ctx.emulate).t().to(dtype)
+                    grad_b = _grad_b(a_q, g_q, a_s, g_s, _out(dtype), ctx.emulate, ctx.transposed).to(dtype)
             if need_add:
                 grad_add = _grad_add(ctx, grad)
         return grad_a, grad_b, grad_add, None, None, None, None
