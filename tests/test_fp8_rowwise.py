@@ -139,6 +139,9 @@ def test_the_amax_is_vector_norms_nan_and_inf_too():
         for t in (x, x.t(), x.to(BF16)):
             ref = torch.linalg.vector_norm(t, float("inf")).float()
             assert torch.equal(_fp8._amax(t).nan_to_num(), ref.nan_to_num())
+            for dim in (0, -1):  # per row: torchao's abs().amax
+                ref = t.abs().amax(dim=dim, keepdim=True).float()
+                assert torch.equal(_fp8._amax(t, dim).nan_to_num(), ref.nan_to_num())
 
 
 @pytest.mark.parametrize("recipe", [Tensorwise(), Rowwise()], ids=str)
