@@ -1,5 +1,5 @@
-"""FP8 scaling recipes, as plain frozen data: how an fp8 region chooses the per-tensor scales of
-the operands it quantizes (the engine's ``_engine/fp8.py`` applies them; docs/fp8.md).
+"""FP8 scaling recipes, as plain frozen data: how an fp8 region chooses the scales (per tensor or
+per row) of the operands it quantizes (the engine's ``_engine/fp8.py`` applies them; docs/fp8.md).
 
 A recipe is part of a policy's value (``Policy.fp8``): equal policies have equal recipes, so the
 compiled key the compile guard checks, the pickle and the report all carry it.
@@ -19,7 +19,8 @@ compiled key the compile guard checks, the pickle and the report all carry it.
 
 Each recipe also says how the quantized operands are multiplied (``emulate``): ``None`` (the
 default) multiplies them as dequantized float32 matrices on a CPU (torchao's ``emulate=True``:
-torch's CPU ``torch._scaled_mm`` is about 3000x slower than a bfloat16 ``mm``) and where
+torch's CPU ``torch._scaled_mm`` with per-tensor scales is about 3000x slower than a bfloat16
+``mm``, with per-row scales 4x slower than the emulation's float32 ``mm``) and where
 ``torch._scaled_mm`` has no kernel for the device, by ``torch._scaled_mm`` (or Gaudi's
 ``fp8_gemm_v2``) elsewhere; ``True`` always emulates, ``False`` never does.
 """
