@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, record
-from hpu_autocast.policies.recipes import Delayed, Tensorwise
+from hpu_autocast.policies.recipes import Delayed, Rowwise, Tensorwise
 from hpu_autocast.policies.policy import CastPolicy
 from hpu_autocast import _torch
 from hpu_autocast._engine import fp8 as _fp8
@@ -329,6 +329,7 @@ def test_the_strategies_draw_fp8_regions_with_their_recipes():
 
     run()
     assert any(isinstance(r, Delayed) for r in drawn) and Tensorwise() in drawn
+    assert any(isinstance(r, Rowwise) for r in drawn)
 
 
 def test_torch_compile_in_an_fp8_region_gives_eagers_values():

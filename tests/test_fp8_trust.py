@@ -110,10 +110,6 @@ def test_delayed_under_torch_compile_warns_that_it_scales_tensorwise():
 
 
 @pytest.mark.parametrize("compute", ["max", "most_recent"])
-# torch's checkpoint re-enters torch.autocast("cpu", dtype=float8_e4m3fn) for the recomputation,
-# which native CPU autocast does not support and says so; the region, not native, decides the
-# recomputed calls (the weight gradients below are checked bit for bit).
-@pytest.mark.filterwarnings("ignore:In CPU autocast, but the target dtype is not supported:UserWarning")
 def test_delayed_with_checkpoint_recomputes_with_the_forwards_scales(compute):
     # defect 6: the recomputation entered its amaxes a second time and quantized anew, so the
     # weight gradient belonged to another quantization. Reference: the same steps uncheckpointed.
@@ -135,6 +131,42 @@ def test_delayed_with_checkpoint_recomputes_with_the_forwards_scales(compute):
 
     for got, ref in zip(run(True), run(False)):
         assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_in_an_fp8_region_recomputes_in_fp8_and_prints_no_warning(reentrant):
+    # torch's checkpoint records torch.get_autocast_dtype("cpu") and rebuilds a torch.autocast of it
+    # for the recomputation: fp8 made it warn "In CPU autocast, but the target dtype is not
+    # supported" twice a checkpoint. An fp8 region answers bfloat16 (its other ops' dtype).
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(32, 16)
+    x = torch.randn(16, 32, requires_grad=True)
+    grads = []
+    for ckpt in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with HpuAutocastMode(FP8):
+                assert torch.get_autocast_dtype("cpu") is BF16
+                y = checkpoint(lin, x, use_reentrant=reentrant) if ckpt else lin(x)
+            y.float().square().sum().backward()
+        grads.append((x.grad.clone(), lin.weight.grad.clone()))
+        x.grad = lin.weight.grad = lin.bias.grad = None
+    assert all(torch.equal(a, b) for a, b in zip(*grads))  # the recomputation ran in fp8, as the forward
+
+
+def test_torch_autocast_nested_in_an_fp8_region_keeps_it_fp8():
+    # torch.autocast(enabled=False) sets back the dtype get_autocast_dtype read (bfloat16): the
+    # region after it is fp8 again; a nested torch.autocast(dtype=bfloat16) reads as the region's own.
+    a, seen = torch.randn(32, 32), []
+    with HpuAutocastMode(FP8, observer=seen.append):
+        with torch.autocast("cpu", enabled=False):
+            off = torch.mm(a, a)
+        with torch.autocast("cpu", dtype=BF16):
+            torch.mm(a, a)
+        torch.mm(a, a)
+    assert off.dtype is torch.float32
+    assert [e.compute for e in seen if str(e.op) == "aten.mm.default"] == [torch.float32, FP8, FP8]
 
 
 # -- the emulation --------------------------------------------------------------------------------

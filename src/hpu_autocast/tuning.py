@@ -558,7 +558,8 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     _check_noise(runner, metric, tolerance)
     recorder = Recorder(start.name, dtype)
     start_error = runner.error(runner.call(start, observer=recorder))
-    runner.say(f"run {runner.runs}/{max_runs}: start ({start.name}) -> error {start_error:.3e}")
+    recipe = f", {start.fp8}" if is_fp8(dtype) else ""  # an fp8 region's: its scaling recipe
+    runner.say(f"run {runner.runs}/{max_runs}: start ({start.name}{recipe}) -> error {start_error:.3e}")
     units = _units(recorder.report(), dtype)
 
     def say(line: str) -> None:

@@ -1,9 +1,9 @@
 """FP8 GEMMs (``_fp8``): what a region of an fp8 dtype (``recipes.FP8_DTYPES``) does with the
 GEMMs its policy lowers: both operands quantized to e4m3 with per-tensor scales (the policy's
-recipe, ``Policy.fp8``), multiplied by ``torch._scaled_mm`` (through ``_torch.scaled_mm``), or as
-dequantized float32 matrices (emulated: the default on a CPU, ``recipes.emulates``), into
-bfloat16; the backward's two GEMMs with the gradient in e5m2 and the saved operands in e4m3
-(Transformer Engine's "hybrid" format).
+recipe, ``Policy.fp8``; per-row scales for ``Rowwise``, Note: rowwise scaling), multiplied by
+``torch._scaled_mm`` (through ``_torch.scaled_mm``), or as dequantized float32 matrices
+(emulated: the default on a CPU, ``recipes.emulates``), into bfloat16; the backward's two GEMMs
+with the gradient in e5m2 and the saved operands in e4m3 (Transformer Engine's "hybrid" format).
 
 [Note: fp8 regions]
 An fp8 region is a bfloat16 region whose GEMMs run in fp8. The kernels' LOWER function asks
@@ -31,7 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import dispatch as _dispatch
 from .. import _torch
-from ..policies.recipes import Delayed, Recipe, emulates
+from ..policies.recipes import Delayed, Recipe, Rowwise, emulates
 
 __all__ = ["route", "Gemm", "E4M3", "E5M2"]
 
@@ -89,24 +89,72 @@ class _History:
 # use's amax for both; a tensorwise recipe needs nothing: the recomputation sees the same values.)
 
 
-def _scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> torch.Tensor:
+def _scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0, pow2: bool = False) -> torch.Tensor:
     """The quantization scale ``finfo(dtype).max / amax / 2**margin`` as torchao's
     ``amax_to_scale`` computes it: divided in float64, rounded to float32 (a float32 reciprocal
-    times the max is one ulp high for about a quarter of amaxes, flipping codes on fp8 ties)."""
+    times the max is one ulp high for about a quarter of amaxes, flipping codes on fp8 ties);
+    ``pow2``: floored to a power of 2 (torchao's ``round_scales_to_power_of_2``, its ops)."""
     scale = (torch.finfo(dtype).max / amax.double().clamp(min=_EPS)).float()
+    if pow2:
+        return torch.exp2(torch.floor(torch.log2(scale)))
     return scale / 2.0 ** margin if margin else scale
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype, history: Optional[_History] = None):
+def _amax(x: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    """``max |x|`` in float32 (over ``dim``, kept, where given), from the two ends, with no
+    temporary: over the whole tensor ``aminmax`` (12x faster than ``vector_norm(x, inf)`` on a
+    CPU), along ``dim`` ``amax`` and ``amin`` (1.5x faster than torchao's ``abs().amax``, 5x than
+    ``aminmax`` along a dimension); the same values, NaN too."""
+    x = x.detach()
+    if dim is not None:
+        return torch.maximum(x.amin(dim=dim, keepdim=True).neg(), x.amax(dim=dim, keepdim=True)).float()
+    lo, hi = torch.aminmax(x.t() if x.dim() == 2 and not x.is_contiguous() else x)  # (no copy of a weight.t())
+    return torch.maximum(lo.neg(), hi).float()
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype, history: Optional[_History] = None, dim: Optional[int] = None,
+             pow2: bool = False):
     """``x`` in fp8 ``dtype`` and its quantization scale (``x ~ q / scale``): scaled so that its
-    amax (or the history's) meets the format's largest value, saturated beyond it; as torchao's
-    ``hp_tensor_and_scale_to_float8`` (the product in float32)."""
+    amax (or the history's; or each of its amaxes along ``dim``, a scale per row) meets the
+    format's largest value, saturated beyond it; as torchao's ``hp_tensor_and_scale_to_float8``
+    (the product in float32). ``pow2``: the scales floored to powers of 2 (``Rowwise``)."""
     big = torch.finfo(dtype).max
-    amax = torch.linalg.vector_norm(x.detach(), float("inf")).float()  # max |x|, one pass, no temporary
+    amax = _amax(x, dim)
     if history is not None:
         amax = history.amax(amax)
-    scale = _scale(amax, dtype, history.recipe.margin if history is not None else 0)
-    return (x.float() * scale).clamp_(-big, big).to(dtype), scale
+    scale = _scale(amax, dtype, history.recipe.margin if history is not None else 0, pow2)
+    scaled = x * scale if x.dtype == torch.float32 else x.float().mul_(scale)  # (one temporary)
+    return scaled.clamp_(-big, big).to(dtype), scale
+
+
+#: Each fp8 dtype's 256 codes as float32 values, per device (``_dequantize``).
+_VALUES: dict = {}
+
+
+def _values(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    table = _VALUES.get((dtype, device))
+    if table is None:
+        with torch.inference_mode(False), torch.no_grad():
+            table = torch.arange(256, dtype=torch.uint8, device=device).view(dtype).float()
+        _VALUES[(dtype, device)] = table
+    return table
+
+
+def _dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``q.float() / scale`` (torchao's emulation), in ``q``'s layout. On a CPU, by looking the
+    codes up in a table of their 256 values (divided by a per-tensor scale once): the same
+    float32 values, 6x faster than the CPU's fp8 conversion (one element at a time); the layout
+    kept, as the float32 ``mm`` after it may sum in another order for another layout."""
+    if q.device.type != "cpu" or q.dim() != 2 or torch.compiler.is_compiling() or type(q) is not torch.Tensor:
+        return q.float().div_(scale)
+    if not q.is_contiguous():
+        return _dequantize(q.t(), scale.t()).t() if q.t().is_contiguous() else q.float().div_(scale)
+    table = _values(q.dtype, q.device)
+    per_tensor = scale.numel() == 1
+    if per_tensor:
+        table = table / scale.reshape(())
+    out = table.index_select(0, q.view(torch.uint8).reshape(-1).int()).view(q.shape)
+    return out if per_tensor else out.div_(scale)
 
 
 #: Delayed recipes' histories: weight -> {(op, operand, recipe): _History}. Keyed by the weight the
@@ -138,10 +186,16 @@ def _mm(a_q, b_q, a_s, b_s, out_dtype: torch.dtype, emulate: bool) -> torch.Tens
     Emulated: the dequantized operands multiplied as float32 matrices (torchao's ``emulate=True``,
     its division too), at float32 ``mm``'s speed. Else on an HPU, Gaudi's bridge's
     ``hpu::fp8_gemm_v2`` where ``habana_frameworks`` registered it (its ``A_scale_inv`` and
-    ``B_scale_inv`` are the inverse scales), elsewhere ``torch._scaled_mm``."""
-    if emulate:
-        return torch.mm(a_q.float().div_(a_s), b_q.float().div_(b_s)).to(out_dtype)
+    ``B_scale_inv`` are the inverse scales), elsewhere ``torch._scaled_mm``. Scales are one per
+    tensor or one per row of ``a`` [m, 1] and column of ``b`` [1, n] (``_scaled_mm``'s rowwise
+    form, which takes no mix of the two: a per-tensor one is then expanded)."""
+    if emulate:  # (an operand in float32 is one ``_dequantize`` gave already)
+        a, b = (q if q.dtype == torch.float32 else _dequantize(q, s) for q, s in ((a_q, a_s), (b_q, b_s)))
+        return torch.mm(a, b).to(out_dtype)
     a_inv, b_inv = a_s.reciprocal(), b_s.reciprocal()
+    if (a_inv.numel() == 1) != (b_inv.numel() == 1):  # one side per row, the other per tensor
+        a_inv = a_inv.reshape(1, 1).expand(a_q.shape[0], 1).contiguous() if a_inv.numel() == 1 else a_inv
+        b_inv = b_inv.reshape(1, 1).expand(1, b_q.shape[1]).contiguous() if b_inv.numel() == 1 else b_inv
     if a_q.device.type == "hpu" and hasattr(torch.ops.hpu, "fp8_gemm_v2"):
         return torch.ops.hpu.fp8_gemm_v2(a_q, False, b_q, False, None, out_dtype, a_inv, b_inv, None, False)
     return _torch.scaled_mm(_row(a_q), _col(b_q), a_inv, b_inv, out_dtype=out_dtype)
@@ -152,11 +206,44 @@ def _out(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (_BF16, torch.float32) else torch.float32
 
 
+def _forward(a_q, b_q, a_s, b_s, add, alpha, beta, emulate: bool) -> torch.Tensor:
+    """``alpha * (a @ b) + beta * add`` from the quantized operands, into bfloat16: the product in
+    float32 where something is added (then one rounding, as torchao adds its bias after)."""
+    plain = add is None or beta == 0  # Note: beta=0 ignores add (NaN too), as torch does
+    out = _mm(a_q, b_q, a_s, b_s, _BF16 if plain and alpha == 1 else torch.float32, emulate)
+    if alpha != 1:
+        out = out * alpha
+    if not plain:
+        out = out + (add if beta == 1 else beta * add)
+    return out.to(_BF16)
+
+
+def _grad_b(a_q, g_q, a_s, g_s, out_dtype: torch.dtype, emulate: bool, transposed: bool) -> torch.Tensor:
+    """``a.t() @ g``, the gradient of ``b``, laid out as ``b``: ``(g.t() @ a).t()`` for a
+    ``weight.t()`` (torchao's order), so that the weight's gradient is contiguous and autograd's
+    ``AccumulateGrad`` copies nothing (a 4 MB copy for a 1024-wide linear). The float32 ``mm``
+    gives the same bits either way round (measured on shapes from 16 to 4096)."""
+    if transposed:
+        return _mm(g_q.t(), a_q, g_s.t(), a_s, out_dtype, emulate).t()
+    return _mm(a_q.t(), g_q, a_s.t(), g_s, out_dtype, emulate)
+
+
+def _save(ctx, a, b, add, emulate, alpha, beta) -> None:
+    ctx.transposed = b.dim() == 2 and not b.is_contiguous() and b.t().is_contiguous()  # (a weight.t())
+    ctx.emulate, ctx.alpha, ctx.beta = emulate, alpha, beta
+    ctx.dtypes = (a.dtype, b.dtype, None if add is None else add.dtype, None if add is None else add.shape)
+
+
+def _grad_add(ctx, grad):
+    g_add = grad.float() * ctx.beta if ctx.beta != 1 else grad.float()
+    return _sum_to(g_add, ctx.dtypes[3]).to(ctx.dtypes[2])
+
+
 class _ScaledMatmul(torch.autograd.Function):
     """``alpha * (a @ b) + beta * add`` for 2-D ``a`` [m, k], ``b`` [k, n] (``add`` a bias or
-    ``None``): e4m3 operands, the product in float32 where something is added (then one rounding,
-    as torchao adds its bias after the product), into bfloat16; the backward's products with the
-    gradient in e5m2 against the saved e4m3 operands."""
+    ``None``), per-tensor scales (``Tensorwise``, ``Delayed``): e4m3 operands, into bfloat16
+    (``_forward``); the backward's products with the gradient in e5m2 against the saved e4m3
+    operands."""
 
     @staticmethod
     def forward(ctx, a, b, add, histories, emulate, alpha=1, beta=1):
@@ -164,17 +251,10 @@ class _ScaledMatmul(torch.autograd.Function):
         with k.excluded():
             a_q, a_s = quantize(a, E4M3, histories[0])
             b_q, b_s = quantize(b, E4M3, histories[1])
-            plain = add is None or beta == 0  # Note: beta=0 ignores add (NaN too), as torch does
-            out = _mm(a_q, b_q, a_s, b_s, _BF16 if plain and alpha == 1 else torch.float32, emulate)
-            if alpha != 1:
-                out = out * alpha
-            if not plain:
-                out = out + (add if beta == 1 else beta * add)
-            out = out.to(_BF16)
+            out = _forward(a_q, b_q, a_s, b_s, add, alpha, beta, emulate)
         ctx.save_for_backward(a_q, b_q, a_s, b_s)
-        ctx.history, ctx.emulate, ctx.alpha, ctx.beta = histories[2], emulate, alpha, beta
-        ctx.dtypes = (a.dtype, b.dtype, None if add is None else add.dtype,
-                      None if add is None else add.shape)
+        ctx.history = histories[2]
+        _save(ctx, a, b, add, emulate, alpha, beta)
         return out
 
     @staticmethod
@@ -186,15 +266,70 @@ class _ScaledMatmul(torch.autograd.Function):
         with k.excluded():  # a backward run inside a region: its own ops are not cast
             g = grad if ctx.alpha == 1 else grad * ctx.alpha
             g_q, g_s = quantize(g, E5M2, ctx.history)
+            if ctx.emulate and need_a and need_b:  # both products take it: dequantized once
+                g_q = _dequantize(g_q, g_s)
             if need_a:
                 dtype = ctx.dtypes[0]
                 grad_a = _mm(g_q, b_q.t(), g_s, b_s, _out(dtype), ctx.emulate).to(dtype)
             if need_b:
                 dtype = ctx.dtypes[1]
-                grad_b = _mm(a_q.t(), g_q, a_s, g_s, _out(dtype), ctx.emulate).to(dtype)
+                grad_b = _grad_b(a_q, g_q, a_s, g_s, _out(dtype), ctx.emulate, ctx.transposed).to(dtype)
             if need_add:
-                g_add = grad.float() * ctx.beta if ctx.beta != 1 else grad.float()
-                grad_add = _sum_to(g_add, ctx.dtypes[3]).to(ctx.dtypes[2])
+                grad_add = _grad_add(ctx, grad)
+        return grad_a, grad_b, grad_add, None, None, None, None
+
+
+# [Note: rowwise scaling]
+# A Rowwise recipe scales each operand of each GEMM per row along that GEMM's contraction
+# dimension, as torchao's "rowwise" (float8_linear.py's three GEMMs, with their axiswise dims):
+#   out    = a [m, k] @ b [k, n]      a per row (over k), b per column (over k)
+#   grad_a = g [m, n] @ b.t() [n, k]  g per row (over n), b.t() per column (over n); "high":
+#                                     b.t() per tensor
+#   grad_b = (g.t() [n, m] @ a [m, k]).t()   g per column, a per column (over m); "high": this
+#                                     GEMM unquantized, in the operands' promoted dtype
+# every scale floored to a power of 2, every operand in e4m3 (the gradient too). So the backward
+# quantizes a and b anew along other axes: they are saved as passed (a parameter costs nothing
+# more; an activation is saved in its own dtype, as torchao saves it), not in fp8.
+class _RowwiseMatmul(torch.autograd.Function):
+    """``_ScaledMatmul`` with a ``Rowwise`` recipe's per-row scales (Note: rowwise scaling)."""
+
+    @staticmethod
+    def forward(ctx, a, b, add, high, emulate, alpha=1, beta=1):
+        k = _dispatch._keys
+        with k.excluded():
+            a_q, a_s = quantize(a, E4M3, dim=-1, pow2=True)
+            b_q, b_s = quantize(b, E4M3, dim=0, pow2=True)
+            out = _forward(a_q, b_q, a_s, b_s, add, alpha, beta, emulate)
+        ctx.save_for_backward(a, b)
+        ctx.high = high
+        _save(ctx, a, b, add, emulate, alpha, beta)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        need_a, need_b, need_add = ctx.needs_input_grad[:3]
+        grad_a = grad_b = grad_add = None
+        k = _dispatch._keys
+        with k.excluded():
+            g = grad if ctx.alpha == 1 else grad * ctx.alpha
+            if need_a:
+                dtype = ctx.dtypes[0]
+                g_q, g_s = quantize(g, E4M3, dim=-1, pow2=True)
+                bt_q, bt_s = quantize(b.t(), E4M3, dim=None if ctx.high else 0, pow2=True)
+                grad_a = _mm(g_q, bt_q, g_s, bt_s, _out(dtype), ctx.emulate).to(dtype)
+            if need_b:
+                dtype = ctx.dtypes[1]
+                if ctx.high:
+                    hp = torch.promote_types(g.dtype, a.dtype)
+                    g, a = g.to(hp), a.to(hp)
+                    grad_b = (torch.mm(g.t(), a).t() if ctx.transposed else torch.mm(a.t(), g)).to(dtype)
+                else:
+                    g_q, g_s = quantize(g, E4M3, dim=0, pow2=True)
+                    a_q, a_s = quantize(a, E4M3, dim=0, pow2=True)
+                    grad_b = _grad_b(a_q, g_q, a_s, g_s, _out(dtype), ctx.emulate, ctx.transposed).to(dtype)
+            if need_add:
+                grad_add = _grad_add(ctx, grad)
         return grad_a, grad_b, grad_add, None, None, None, None
 
 
@@ -208,7 +343,9 @@ def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
 
 # -- the GEMMs: each flattened or looped to 2-D products ----------------------------------------
 def _matmul2d(h, a, b, add=None, alpha=1, beta=1):
-    histories, emulate = h
+    histories, emulate, recipe = h
+    if isinstance(recipe, Rowwise):
+        return _RowwiseMatmul.apply(a, b, add, recipe.weight_grad == "high", emulate, alpha, beta)
     return _ScaledMatmul.apply(a, b, add, histories, emulate, alpha, beta)
 
 
@@ -301,8 +438,8 @@ class Gemm:
 
     __slots__ = ("_product", "_h", "emulated")
 
-    def __init__(self, product: Callable, histories: tuple, emulated: bool) -> None:
-        self._product, self._h, self.emulated = product, (histories, emulated), emulated
+    def __init__(self, product: Callable, histories: tuple, emulated: bool, recipe: Recipe) -> None:
+        self._product, self._h, self.emulated = product, (histories, emulated, recipe), emulated
 
     def _op(self, *args, **kwargs):
         return self._product(self._h, *args, **kwargs)
@@ -352,7 +489,7 @@ def route(frame, op, args: tuple, kwargs: dict) -> Tuple[object, Optional[str]]:
             _WARNED_COMPILE.append(True)
             warnings.warn("hpu_autocast: a Delayed fp8 recipe under torch.compile scales tensorwise (compiled "
                           "code keeps no amax history); run Delayed eagerly, or use Tensorwise()", stacklevel=2)
-    return Gemm(product, histories, emulated), EMULATED if emulated else None
+    return Gemm(product, histories, emulated, recipe), EMULATED if emulated else None
 
 
 def _compiling(weight: torch.Tensor) -> bool:

@@ -80,6 +80,7 @@ from .. import _torch
 from .._torch import compile_guard as _compile_guard
 from . import dispatch as _dispatch, entry as _entry, kernels as _kernels, regions as _regions, torchscript as _torchscript
 from .compiled import compile_policy
+from ..policies.recipes import cast_dtype
 
 __all__ = ["PATCHED", "HOOKS", "acquire", "release", "recompute_in_region", "add_recompute_capture"]
 
@@ -120,9 +121,13 @@ def is_autocast_enabled(*args, **kwargs) -> bool:
 
 
 def get_autocast_dtype(*args, **kwargs) -> torch.dtype:
+    # An fp8 region answers bfloat16, the dtype its ops other than its GEMMs run in: code that
+    # casts to the autocast dtype gets bfloat16, not raw fp8, and torch.utils.checkpoint's
+    # recomputation rebuilds a torch.autocast it supports (fp8 made it warn "target dtype is not
+    # supported"); set_autocast_dtype takes bfloat16 back as the fp8 region's own dtype.
     device, _ = _device_of(args, kwargs, 0)
     frame = _frame_for(device)
-    return frame.dtype if frame is not None else _real["get_autocast_dtype"](*args, **kwargs)
+    return cast_dtype(frame.dtype) if frame is not None else _real["get_autocast_dtype"](*args, **kwargs)
 
 
 def set_autocast_enabled(*args, **kwargs) -> None:
@@ -139,6 +144,8 @@ def set_autocast_dtype(*args, **kwargs) -> None:
     if frame is None:
         return _real["set_autocast_dtype"](*args, **kwargs)
     dtype = rest[0]
+    if dtype is cast_dtype(frame.dtype):  # an fp8 region's answer to get_autocast_dtype: its own dtype
+        dtype = frame.dtype
     policy = frame.region.compiled.policy
     if dtype not in policy.dtypes:
         # As torch.autocast disables itself for a dtype its device does not support, with a warning.

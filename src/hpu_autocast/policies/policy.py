@@ -17,7 +17,7 @@ import torch
 
 from .._torch import OpOverload
 from .._facts import ops as _ops
-from .recipes import FP8_DTYPES, Delayed, Recipe, Tensorwise, supports
+from .recipes import FP8_DTYPES, RECIPES, Recipe, Tensorwise, supports
 
 __all__ = ["CastPolicy", "Policy", "BuildRecord", "EXPLICIT_DTYPE"]
 
@@ -192,8 +192,9 @@ class Policy:
     #: ``"leave"`` (runs unchanged) or ``"cast"`` (cast as any other call); see ``EXPLICIT_DTYPE``.
     explicit_dtype: str = "leave"
     #: How a region of an fp8 dtype (``recipes.FP8_DTYPES``, when ``dtypes`` has one) scales the
-    #: operands of the GEMMs it runs in fp8: a ``recipes.Tensorwise`` (the default) or
-    #: ``recipes.Delayed``. Part of the value (equality, hash, pickle, the compiled key).
+    #: operands of the GEMMs it runs in fp8: a ``recipes.Tensorwise`` (the default),
+    #: ``recipes.Delayed`` or ``recipes.Rowwise``. Part of the value (equality, hash, pickle, the
+    #: compiled key).
     fp8: Recipe = Tensorwise()
     #: GEMMs an fp8 region runs in bfloat16 all the same (``tune`` moves a GEMM here before it moves
     #: anything to float32); the region's other GEMMs run in fp8. No effect in other regions.
@@ -226,9 +227,9 @@ class Policy:
         if self.explicit_dtype not in EXPLICIT_DTYPE:
             raise ValueError(f"Policy {self.name!r}: explicit_dtype = {self.explicit_dtype!r}; accepted: "
                              f"{' or '.join(map(repr, EXPLICIT_DTYPE))}")
-        if not isinstance(self.fp8, (Tensorwise, Delayed)):
-            raise TypeError(f"Policy {self.name!r}: fp8 = {self.fp8!r}; accepted: recipes.Tensorwise() or "
-                            "recipes.Delayed(...)")
+        if not isinstance(self.fp8, RECIPES):
+            raise TypeError(f"Policy {self.name!r}: fp8 = {self.fp8!r}; accepted: recipes.Tensorwise(), "
+                            "recipes.Delayed(...) or recipes.Rowwise(...)")
         for op, action in table.items():
             _check_kind(op, action, self.name)
         # Once: a region's entry looks the policy up in compile_policy's cache.

@@ -1,5 +1,5 @@
-"""FP8 scaling recipes, as plain frozen data: how an fp8 region chooses the per-tensor scales of
-the operands it quantizes (the engine's ``_engine/fp8.py`` applies them; docs/fp8.md).
+"""FP8 scaling recipes, as plain frozen data: how an fp8 region chooses the scales (per tensor or
+per row) of the operands it quantizes (the engine's ``_engine/fp8.py`` applies them; docs/fp8.md).
 
 A recipe is part of a policy's value (``Policy.fp8``): equal policies have equal recipes, so the
 compiled key the compile guard checks, the pickle and the report all carry it.
@@ -11,10 +11,16 @@ compiled key the compile guard checks, the pickle and the report all carry it.
   comes from the amaxes seen at earlier calls (a history of ``history`` values per weight and
   call site): ``finfo(fp8).max / amax / 2**margin``, with ``amax`` the history's maximum
   (``"max"``) or its last value (``"most_recent"``); the call's own amax then enters the history.
+* ``Rowwise(weight_grad)``: torchao's "rowwise": dynamic, one scale per row of each operand
+  along the GEMM's contraction dimension (a linear's input per row, its weight per output row),
+  floored to a power of 2; e4m3 for every operand, the gradient too. ``weight_grad="high"`` is
+  torchao's "rowwise_with_gw_hp": the weight-gradient GEMM in high precision, the weight
+  scaled tensorwise for the input gradient.
 
 Each recipe also says how the quantized operands are multiplied (``emulate``): ``None`` (the
 default) multiplies them as dequantized float32 matrices on a CPU (torchao's ``emulate=True``:
-torch's CPU ``torch._scaled_mm`` is about 3000x slower than a bfloat16 ``mm``) and where
+torch's CPU ``torch._scaled_mm`` with per-tensor scales is about 3000x slower than a bfloat16
+``mm``, with per-row scales 4x slower than the emulation's float32 ``mm``) and where
 ``torch._scaled_mm`` has no kernel for the device, by ``torch._scaled_mm`` (or Gaudi's
 ``fp8_gemm_v2``) elsewhere; ``True`` always emulates, ``False`` never does.
 """
@@ -26,7 +32,8 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["FP8_DTYPES", "Tensorwise", "Delayed", "Recipe", "is_fp8", "cast_dtype", "supports", "emulates"]
+__all__ = ["FP8_DTYPES", "Tensorwise", "Delayed", "Rowwise", "Recipe", "RECIPES", "is_fp8", "cast_dtype", "supports",
+           "emulates"]
 
 #: The region dtypes that mean "GEMMs in fp8": the forward's operands in e4m3; the gradient in
 #: e5m2 (Transformer Engine's "hybrid" format); everything else the policy lowers in bfloat16.
@@ -34,6 +41,10 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 
 #: The amax a ``Delayed`` recipe takes from its history.
 AMAX_COMPUTE = ("max", "most_recent")
+
+#: How a ``Rowwise`` recipe runs a linear's weight-gradient GEMM: ``"e4m3"`` (torchao's
+#: "rowwise") or ``"high"`` (torchao's "rowwise_with_gw_hp": the operands as they arrive).
+WEIGHT_GRAD = ("e4m3", "high")
 
 
 def is_fp8(dtype: object) -> bool:
@@ -97,6 +108,33 @@ class Delayed:
                 f"{_emulate_str(self)[1:-1] and ', ' + _emulate_str(self)[1:-1]})")
 
 
+@dataclass(frozen=True)
+class Rowwise:
+    """Dynamic per-row scaling (torchao's ``Float8LinearRecipeName.ROWWISE``): each operand of
+    each of a linear's three GEMMs scaled per row along the GEMM's contraction dimension, from
+    that row's amax, the scale floored to a power of 2 (torchao's ``round_scales_to_power_of_2``);
+    e4m3 for all operands, the gradient too. As torchao, the backward quantizes the saved inputs
+    anew along its GEMMs' axes (so it saves them in high precision, not in fp8)."""
+
+    #: The weight-gradient GEMM: ``"e4m3"`` (torchao's ``ROWWISE``) or ``"high"`` (torchao's
+    #: ``ROWWISE_WITH_GW_HP``: that GEMM unquantized, in the operands' dtype, bfloat16 for a
+    #: region's activations; the input gradient's weight scaled tensorwise, to a power of 2).
+    weight_grad: str = "e4m3"
+    #: As ``Tensorwise.emulate``.
+    emulate: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        _check_emulate(self)
+        if self.weight_grad not in WEIGHT_GRAD:
+            raise ValueError(f"Rowwise: weight_grad = {self.weight_grad!r}; accepted: "
+                             f"{' or '.join(map(repr, WEIGHT_GRAD))}")
+
+    def __str__(self) -> str:
+        parts = [f"weight_grad={self.weight_grad}"] if self.weight_grad != "e4m3" else []
+        parts += [_emulate_str(self)[1:-1]] if self.emulate is not None else []
+        return "rowwise" + (f"({', '.join(parts)})" if parts else "")
+
+
 def _check_emulate(recipe) -> None:
     if recipe.emulate not in (None, True, False):
         raise ValueError(f"{type(recipe).__name__}: emulate = {recipe.emulate!r}; accepted: None (emulated on a "
@@ -115,4 +153,6 @@ def emulates(recipe, device_type: str, scaled_mm_runs: bool) -> bool:
     return recipe.emulate
 
 
-Recipe = Union[Tensorwise, Delayed]
+Recipe = Union[Tensorwise, Delayed, Rowwise]
+#: Every recipe type (``Policy.fp8`` is one of them).
+RECIPES = (Tensorwise, Delayed, Rowwise)

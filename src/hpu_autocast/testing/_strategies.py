@@ -27,7 +27,7 @@ from .._facts import ops as _ops
 from .. import mode as _mode
 from ..policies.policy import CastPolicy, Policy
 from ..policies.presets import get_preset, preset_names
-from ..policies.recipes import AMAX_COMPUTE, Delayed, Tensorwise, is_fp8, supports
+from ..policies.recipes import AMAX_COMPUTE, WEIGHT_GRAD, Delayed, Rowwise, Tensorwise, is_fp8, supports
 
 __all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "ELIGIBLE_DTYPES"]
 
@@ -116,10 +116,11 @@ def policies(*, presets: Optional[Iterable[str]] = None, ops: Union[None, str, I
 
 
 def recipes() -> st.SearchStrategy:
-    """fp8 scaling recipes (``Policy.fp8``): ``Tensorwise()`` or a ``Delayed`` of drawn history
-    length (1..8), margin (0..2) and amax computation."""
+    """fp8 scaling recipes (``Policy.fp8``): ``Tensorwise()``, a ``Delayed`` of drawn history
+    length (1..8), margin (0..2) and amax computation, or a ``Rowwise`` of drawn weight gradient."""
     return st.one_of(st.just(Tensorwise()), st.builds(Delayed, history=st.integers(1, 8), margin=st.integers(0, 2),
-                                                      amax_compute=st.sampled_from(AMAX_COMPUTE)))
+                                                      amax_compute=st.sampled_from(AMAX_COMPUTE)),
+                     st.builds(Rowwise, weight_grad=st.sampled_from(WEIGHT_GRAD)))
 
 
 # --- tensors -------------------------------------------------------------------------------------
