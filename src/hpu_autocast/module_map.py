@@ -55,10 +55,34 @@ from ._engine import torch_autocast as _torch_autocast
 from .policies.builder import as_policy
 from .policies.policy import Policy
 
-__all__ = ["ModuleMap", "Override", "parse_modules"]
+__all__ = ["ModuleMap", "Override", "parse_modules", "first_last", "FIRST", "LAST", "SELECTORS"]
 
 _GLOB = frozenset("*?[")
 _LOWER_FLOATS = (torch.bfloat16, torch.float16)
+
+#: [Note: selectors] Patterns that name a module by its place in the model, resolved against each
+#: root at its first call (with the names): ``<first>`` is the first leaf linear layer in
+#: registration order (``named_modules()``); ``<last>`` the model's output head, that is the
+#: module ``get_output_embeddings()`` returns (Hugging Face models: ``lm_head``), else a module
+#: named ``lm_head``, else the last leaf linear layer in registration order. A linear layer is an
+#: ``nn.Linear`` (subclasses too) or Hugging Face's ``Conv1D`` (GPT-2's transposed linear). A
+#: selector counts as an exact name (it beats a glob). Registration order, not call order: it is
+#: known before the forward runs, and is the order of the layers in nearly every model.
+FIRST = "<first>"
+LAST = "<last>"
+SELECTORS = (FIRST, LAST)
+
+
+def first_last(dtype: object = torch.bfloat16) -> Dict[str, object]:
+    """The standard fp8 recipe's exception as a module map: the first and the last linear layer
+    (or the output head, ``lm_head``) run as ``dtype`` says (default ``torch.bfloat16``), the rest
+    as the region does (Note: selectors). Give it as ``modules=``, or merge it into a map:
+
+        >>> with HpuAutocastMode(torch.float8_e4m3fn, modules=first_last(torch.bfloat16)):
+        ...     loss = model(x).loss
+        >>> modules = {**first_last(), "*.ln_*": "fp32"}
+    """
+    return {FIRST: dtype, LAST: dtype}
 
 
 @dataclass(frozen=True)
@@ -91,12 +115,22 @@ class ModuleMap:
         return ";".join(f"{p}={o.kind}:{o.dtype}:{o.policy.name if o.policy else ''}:"
                         f"{id(o.policy) if o.policy else ''}" for p, o in self.entries)
 
-    def match(self, name: str) -> Optional[Tuple[str, Override]]:
-        """The entry that decides for the module ``name`` (Note [which entry wins]), or ``None``."""
+    @property
+    def selectors(self) -> Tuple[str, ...]:
+        """The selectors (``<first>``, ``<last>``) among the patterns."""
+        return tuple(p for p, _ in self.entries if p in SELECTORS)
+
+    def match(self, name: str, selected: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, Override]]:
+        """The entry that decides for the module ``name`` (Note [which entry wins]), or ``None``;
+        ``selected``: the module name each selector stands for in this root."""
         best = None
         for pattern, override in self.entries:
-            exact = not (_GLOB & set(pattern))
-            if (pattern == name) if exact else fnmatch.fnmatchcase(name, pattern):
+            if pattern in SELECTORS:
+                exact, hit = True, selected is not None and selected.get(pattern) == name
+            else:
+                exact = not (_GLOB & set(pattern))
+                hit = (pattern == name) if exact else fnmatch.fnmatchcase(name, pattern)
+            if hit:
                 if best is None or exact or not best[0]:
                     best = (exact, pattern, override)
         return None if best is None else (best[1], best[2])
@@ -138,6 +172,9 @@ def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -
         if not isinstance(pattern, str):
             raise TypeError(f"HpuAutocastMode(modules=...): a pattern must be a string (a dotted module name "
                             f"or an fnmatch glob such as 'h.*.attn'), got {pattern!r}")
+        if pattern.startswith("<") and pattern not in SELECTORS:
+            raise ValueError(f"HpuAutocastMode(modules=...): {pattern!r} is no selector; accepted: "
+                             f"{', '.join(map(repr, SELECTORS))} (first_last()), or a module name or glob")
         entries.append((pattern, _override(pattern, value, dtype)))
     return ModuleMap(tuple(entries)) if entries else None
 
@@ -224,20 +261,60 @@ def _resolve(root, map_: ModuleMap):
         return got
     resolved, names = {}, []
     all_names = []
-    for name, mod in root.named_modules(remove_duplicate=False):
+    named = list(root.named_modules(remove_duplicate=False))
+    selected = _select(root, named) if map_.selectors else None
+    for name, mod in named:
         all_names.append(name)
         if len(names) < 6 and name:
             names.append(name)
-        hit = map_.match(name)
+        hit = map_.match(name, selected)
         if hit is not None and mod not in resolved:
             resolved[mod] = (hit[0], name, hit[1])
     # Note: the value must not hold the root strongly (it is the weak key): its entry holds the
     # module through a weak proxy of the dict key only, so the root maps under a sentinel.
     if root in resolved:
         resolved[_ROOT] = resolved.pop(root)
-    matched = {p for p, _ in map_.entries if any(fnmatch.fnmatchcase(n, p) for n in all_names)}
+    matched = {p for p, _ in map_.entries
+               if (p in selected if p in SELECTORS else any(fnmatch.fnmatchcase(n, p) for n in all_names))}
     got = per_root[map_.key] = (_RootView(root, resolved), names, matched)
     return got
+
+
+def _is_linear(module) -> bool:
+    """A leaf linear layer: ``nn.Linear`` or a subclass, or Hugging Face's ``Conv1D`` (by name, so
+    that transformers is not imported here)."""
+    if next(iter(module.children()), None) is not None:
+        return False
+    if isinstance(module, torch.nn.Linear):
+        return True
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2
+
+
+def _select(root, named) -> Dict[str, str]:
+    """The module name each selector stands for in ``root`` (Note: selectors); a selector with no
+    module to stand for (a model without linear layers) is left out."""
+    linears = [(n, m) for n, m in named if _is_linear(m)]
+    out = {}
+    if linears:
+        out[FIRST] = linears[0][0]
+    head = None
+    get_head = getattr(root, "get_output_embeddings", None)
+    if callable(get_head):
+        try:
+            head = get_head()
+        except (NotImplementedError, AttributeError):
+            head = None
+    names = {id(m): n for n, m in reversed(named)}  # a module's first name
+    if isinstance(head, torch.nn.Module) and id(head) in names:
+        out[LAST] = names[id(head)]
+    else:
+        heads = [n for n, _ in named if n.rpartition(".")[2] == "lm_head"]
+        if heads:
+            out[LAST] = heads[-1]
+        elif linears:
+            out[LAST] = linears[-1][0]
+    return out
 
 
 def _is_compiled_wrapper(module) -> bool:
@@ -348,8 +425,12 @@ def warn_unmatched(active: _Active, warned: set) -> None:
             continue
         warned.add(pattern)
         names = ", ".join(repr(n) for n in active.names) or "(no submodules)"
-        warnings.warn(f"hpu_autocast: modules= pattern {pattern!r} matched no module of the model (names are "
-                      f"relative to the model, e.g. {names})", UserWarning, stacklevel=4)
+        if pattern in SELECTORS:
+            why = "the model has no leaf linear layer (nn.Linear, Hugging Face's Conv1D) nor output head"
+        else:
+            why = f"names are relative to the model, e.g. {names}"
+        warnings.warn(f"hpu_autocast: modules= pattern {pattern!r} matched no module of the model ({why})",
+                      UserWarning, stacklevel=4)
 
 
 def _capture():
