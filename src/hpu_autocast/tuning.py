@@ -206,21 +206,23 @@ def _inside(name: str, outer: str) -> bool:
 
 
 class _Maps:
-    """The module map of each moved set: the moved modules to ``target``, and each module left
-    lower inside a moved one back to the region's dtype (the innermost match wins)."""
+    """The module map of each moved set: each moved module not inside another moved one to
+    ``target``. A module moves with everything inside it (Note: per module)."""
 
-    def __init__(self, units: Sequence[_Unit], dtype: torch.dtype, target: torch.dtype) -> None:
+    def __init__(self, units: Sequence[_Unit], target: torch.dtype) -> None:
         self.names = [u.name for u in units]
-        self.dtype, self.target = dtype, target
+        self.target = target
+
+    def closure(self, moved: Moved) -> Moved:
+        """The units ``moved`` moves: those and every unit inside one of them."""
+        return frozenset(n for n in self.names if any(n == m or _inside(n, m) for m in moved))
+
+    def outermost(self, moved: Moved) -> List[str]:
+        """The moved units no other moved unit holds, in call order."""
+        return [n for n in self.names if n in moved and not any(m != n and _inside(n, m) for m in moved)]
 
     def __call__(self, moved: Moved) -> Dict[str, torch.dtype]:
-        out = {}
-        for name in self.names:
-            if name in moved:
-                out[_exact(name)] = self.target
-            elif any(_inside(name, m) for m in moved):
-                out[_exact(name)] = self.dtype
-        return out
+        return {_exact(name): self.target for name in self.outermost(moved)}
 
 
 # --- policies as list names ----------------------------------------------------------------------
@@ -334,8 +336,10 @@ class _Search:
 
     def __init__(self, units: Sequence[_Unit], error: Callable[[Moved], float], tolerance: float,
                  runs_left: Callable[[], int], say: Callable[[str], None] = lambda line: None,
-                 noun: str = "ops", target: str = "float32") -> None:
+                 noun: str = "ops", target: str = "float32",
+                 closure: Callable[[Moved], Moved] = lambda moved: moved) -> None:
         self.noun, self.target = noun, target  # the progress lines' words: "ops" / "modules", "float32"
+        self.closure = closure  # the units a moved set moves (per module: a module moves what it holds)
         self.units = list(units)
         self.by_name = {u.name: u for u in self.units}
         self._error = error
@@ -366,7 +370,7 @@ class _Search:
 
     def _cost(self, moved: Moved) -> tuple:
         """Lower is better: matmul/conv FLOPs moved, then units moved, then the error."""
-        flops = sum(self.by_name[n].flops or 0 for n in moved)
+        flops = sum(self.by_name[n].flops or 0 for n in self.closure(moved))
         return flops, len(moved), self.errors.get(moved, math.inf), sorted(moved)
 
     def run(self, start_error: float) -> Moved:
@@ -404,7 +408,10 @@ class _Search:
             for u in units:
                 self.alone_moved[u.name] = self.error(frozenset({u.name}), "moved alone", u.name)
             for u in units:
-                rest = (everything if u.gemm else floor) - {u.name}
+                # Everything else moved: every unit whose move does not move u (per module: not
+                # a module holding it).
+                rest = frozenset(v for v in (everything if u.gemm else floor)
+                                 if u.name not in self.closure(frozenset({v})))
                 with_gemms = "" if u.gemm or floor == everything else f" (and the matmul/conv {self.noun})"
                 self.alone_lower[u.name] = self.error(rest, "alone lower", u.name + with_gemms)
         harm = lambda u: self.alone_lower.get(u.name, 0.0)  # noqa: E731
@@ -723,20 +730,31 @@ def _tune_modules(runner: _Runner, start: Policy, start_error: float, units: Lis
     """``tune(per_module=True)``: the search over module units (Note: per module)."""
     dtype = runner.dtype
     target = torch.bfloat16 if is_fp8(dtype) else torch.float32
-    maps = _Maps(units, dtype, target)
+    maps = _Maps(units, target)
+
+    measured: Dict[Tuple[str, ...], float] = {}
 
     def error(moved: Moved) -> float:
-        return runner.error(runner.call(start, modules=maps(moved)))
+        # Sets that name one map (a module and modules inside it) are run once.
+        key = tuple(maps.outermost(moved))
+        if key not in measured:
+            measured[key] = runner.error(runner.call(start, modules=maps(moved)))
+        return measured[key]
 
     search = _Search(units, error, tolerance, lambda: runner.max_runs - runner.runs, say, noun="modules",
-                     target=short_dtype(target))
+                     target=short_dtype(target), closure=maps.closure)
     moved = search.run(start_error)
     low = short_dtype(dtype)
-    names = tuple(n for n in maps.names if n in moved)
+    names = tuple(maps.outermost(moved))
+    went = maps.closure(moved)
+
+    def why(u: _Unit) -> str:
+        holder = next((m for m in names if m != u.name and _inside(u.name, m)), None)
+        return _why(search, u, moved, low) if holder is None else f"inside {holder or '(root)'}"
     rows = tuple(TuneRow(u.name, u.ran_as, u.calls, u.flops, search.alone_moved.get(u.name),
-                         search.alone_lower.get(u.name), u.name in moved, _why(search, u, moved, low)) for u in units)
+                         search.alone_lower.get(u.name), u.name in went, why(u)) for u in units)
     total = sum(u.flops or 0 for u in units)
-    kept = sum(u.flops or 0 for u in units if u.name not in moved)
+    kept = sum(u.flops or 0 for u in units if u.name not in went)
     lower, fp32 = _Lists(start).names(frozenset())
     return TuneResult(policy=start, start=start, dtype=dtype, tolerance=tolerance, error=search.errors[moved],
                       start_error=start_error, moved=names, rows=rows, lower=tuple(lower), fp32=tuple(fp32),
