@@ -413,3 +413,82 @@ def test_a_selector_a_model_lacks_warns_as_an_unmatched_pattern():
         with HpuAutocastMode(BF16, policy="torch-cpu", modules=first_last()):
             torch.nn.Sequential(torch.nn.ReLU())(torch.ones(2))
     assert sorted(str(w.message).split("'")[1] for w in got) == ["<first>", "<last>"]
+
+
+def test_a_submodule_added_or_replaced_between_calls_is_mapped():
+    # Failed before: the names were resolved once per root and map, so a model that changed
+    # between calls kept the modules it had at the first call.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    mode = HpuAutocastMode(BF16, policy="torch-cpu", modules={"0": "fp32", "1": "fp32"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "1" matches nothing at the first call
+        with mode:
+            assert model(torch.ones(1, 2)).dtype == torch.float32
+    model.append(torch.nn.Linear(2, 2))
+    model[0] = torch.nn.Linear(2, 2)  # replaced: the same count of modules, another module
+    seen = []
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"0": "fp32", "1": "fp32"}, observer=seen.append):
+        assert model(torch.ones(1, 2)).dtype == torch.float32
+    assert [e for e in seen if e.op is torch.ops.aten.linear.default] == []  # both linears in float32
+
+
+class KwProbe(torch.nn.Module):
+    """Records the dtypes of its keyword inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x, *, mask=None, extra=()):
+        self.seen.append((x.dtype, mask.dtype, [t.dtype for t in extra]))
+        return x * mask  # saves its inputs: a checkpoint recomputes it
+
+
+class KwCaller(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.probe = KwProbe()
+
+    def forward(self, x):
+        return self.probe(x=x, mask=x, extra=[x, x.long()])
+
+
+@pytest.mark.parametrize("reentrant", [None, False])
+def test_keyword_inputs_of_a_float32_module_are_cast_too(reentrant):
+    # Failed before: only positional inputs were cast (torch's global pre-hooks see no kwargs).
+    model = KwCaller()
+    x = torch.ones(2, dtype=BF16, requires_grad=True)
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"probe": torch.float32}):
+        if reentrant is None:
+            out = model(x)
+        else:  # the recomputation casts them as the forward did
+            out = checkpoint.checkpoint(model, x, use_reentrant=reentrant)
+    out.float().sum().backward()
+    want = (torch.float32, torch.float32, [torch.float32, torch.int64])
+    assert model.probe.seen == [want] * (1 if reentrant is None else 2)
+    assert not model.probe._forward_pre_hooks  # the map's hook is gone with the region
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"probe": None}):
+        model(x)
+    assert model.probe.seen[-1] == (BF16, BF16, [BF16, torch.int64])  # "off" casts nothing
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpoint_of_the_whole_model_recomputes_under_the_map(reentrant):
+    # Failed before (non-reentrant: "Recomputed values ... have different metadata"): a checkpoint
+    # called with no module in flight recomputed without the map.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4, requires_grad=True)
+    outer = dict(dtype=BF16, policy="torch-cpu")
+    modules = {"2": torch.float32}
+
+    def step(region, edit=None):
+        m = copy.deepcopy(model)
+        if edit is not None:
+            hand_edited(m, edit, outer)
+        with HpuAutocastMode(**region):
+            loss = checkpoint.checkpoint(m, x, use_reentrant=reentrant).float().square().mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+    _assert_same(step(dict(outer, modules=modules)), step(outer, edit=modules))

@@ -183,7 +183,7 @@ def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -
 class _Active:
     """A region's map in force in one context: what its hooks read."""
 
-    __slots__ = ("map", "make", "thread", "root", "resolved", "stack", "matched", "names", "tokens")
+    __slots__ = ("map", "make", "thread", "root", "resolved", "stack", "matched", "names", "tokens", "kw_hooks")
 
     def __init__(self, map_: ModuleMap, make, root=None, resolved=None) -> None:
         self.map = map_
@@ -194,6 +194,20 @@ class _Active:
         self.stack: List[tuple] = [] if root is None else [(None, None, None)]  # a recomputation: inside its root
         self.matched: set = set()
         self.names: List[str] = []  # a few module names of the first root (for the unmatched warning)
+        self.kw_hooks: Dict[int, object] = {}  # id(module) -> the handle of its keyword-input hook
+        if resolved is not None:
+            self.hook_keywords(root)
+
+    def hook_keywords(self, root) -> None:
+        """Give each module mapped to float32 a forward pre-hook that casts its keyword inputs
+        (torch's global pre-hooks see positional inputs only; Note: keyword inputs)."""
+        for module, (_, _, override) in self.resolved.items(root):
+            if override.kind == "fp32" and isinstance(module, torch.nn.Module) and id(module) not in self.kw_hooks:
+                self.kw_hooks[id(module)] = module.register_forward_pre_hook(_keywords_hook, with_kwargs=True)
+
+    def unhook(self) -> None:
+        while self.kw_hooks:
+            self.kw_hooks.popitem()[1].remove()
 
     def pre(self, module, args):
         if not self.stack:
@@ -202,6 +216,7 @@ class _Active:
             self.root = module
             self.resolved, names, matched = _resolve(module, self.map)
             self.matched.update(matched)
+            self.hook_keywords(module)
             if not self.names:
                 self.names = names
         hit = self.resolved.get(module) if self.resolved is not None else None
@@ -231,6 +246,25 @@ class _Active:
         return None
 
 
+def _keywords_hook(module, args, kwargs):
+    """[Note: keyword inputs] A module mapped to float32 gets its lower floating keyword inputs
+    cast too (``forward(x=...)``), by a pre-hook of its own (``with_kwargs=True``) that the map adds
+    when it resolves the root's names and removes when the region closes; it acts only while the
+    module's float32 entry is the innermost in flight. The root's own keyword inputs at the call
+    that makes it the root are not cast: its hooks for that call were read before it was resolved."""
+    active = _ACTIVE.get()
+    if active is None or active.thread != threading.get_ident() or not active.stack:
+        return None
+    top = active.stack[-1]
+    if top[0] is not module or top[1] is None or not kwargs:
+        return None
+    hit = active.resolved.get(module)
+    if hit is None or hit[2].kind != "fp32":
+        return None
+    cast = dict(zip(kwargs, cast_inputs(tuple(kwargs.values()))))
+    return args, cast
+
+
 def cast_inputs(args: tuple) -> tuple:
     """``args`` with each floating tensor of a lower precision than float32 (also in a list or
     tuple) cast to float32 (float64 and float32 stay)."""
@@ -256,9 +290,14 @@ def _resolve(root, map_: ModuleMap):
             _names_cache[root] = per_root
         except TypeError:  # not weakly referable: resolved each time
             pass
+    # Note: a model that gains, loses or replaces a submodule between calls (model.lm_head = ...)
+    # is resolved again: the cache keeps the modules the names were read from, and a walk of
+    # root.modules() (no names, no fnmatch: a small part of resolving) says whether they are the
+    # same ones. A module renamed in place (the same objects under other names) is not seen.
+    seen = tuple(map(id, root.modules()))
     got = per_root.get(map_.key)
-    if got is not None:
-        return got
+    if got is not None and got[3] == seen:
+        return got[:3]
     resolved, names = {}, []
     all_names = []
     named = list(root.named_modules(remove_duplicate=False))
@@ -276,8 +315,8 @@ def _resolve(root, map_: ModuleMap):
         resolved[_ROOT] = resolved.pop(root)
     matched = {p for p, _ in map_.entries
                if (p in selected if p in SELECTORS else any(fnmatch.fnmatchcase(n, p) for n in all_names))}
-    got = per_root[map_.key] = (_RootView(root, resolved), names, matched)
-    return got
+    got = per_root[map_.key] = (_RootView(root, resolved), names, matched, seen)
+    return got[:3]
 
 
 def _is_linear(module) -> bool:
@@ -341,6 +380,11 @@ class _RootView:
 
     def values(self):
         return self._resolved.values()
+
+    def items(self, root):
+        """``(module, entry)`` pairs, the root's under ``root`` (given by the caller, held here weakly)."""
+        for key, entry in self._resolved.items():
+            yield (root if key is _ROOT else key), entry
 
 
 def _weakrefable(obj) -> bool:
@@ -436,15 +480,24 @@ def warn_unmatched(active: _Active, warned: set) -> None:
 def _capture():
     """For a checkpoint's recomputation: the map in force at the forward, to run it under again."""
     active = _ACTIVE.get()
-    if active is None or active.thread != threading.get_ident() or not active.stack:
+    if active is None or active.thread != threading.get_ident():
         return None
+    # A checkpoint called inside a module recomputes inside its root (resolved as at the forward);
+    # one called with no module in flight (checkpoint(model, x)) recomputes the root itself,
+    # which the recomputation's map resolves as a fresh region's does.
+    inside = bool(active.stack)
     snapshot = (active.map, active.make, active.root, active.resolved)
 
     class _Again:
         def __enter__(self):
-            self.tokens = activate(_Active(snapshot[0], snapshot[1], snapshot[2] or object(), snapshot[3]))
+            if inside:
+                self.active = _Active(snapshot[0], snapshot[1], snapshot[2] or object(), snapshot[3])
+            else:
+                self.active = _Active(snapshot[0], snapshot[1])
+            self.tokens = activate(self.active)
 
         def __exit__(self, *exc):
+            self.active.unhook()
             deactivate(self.tokens)
 
     return _Again
@@ -489,5 +542,6 @@ def close_map(active: _Active, warned: set) -> None:
             if entry[1] is not None:
                 entry[1].__exit__(None, None, None)
     finally:
+        active.unhook()
         deactivate(active.tokens)
     warn_unmatched(active, warned)
