@@ -8,12 +8,16 @@ gives them, relative to the outermost module the region calls: the model, whose 
 ``""``) to what the matched module's forward runs under (``Override``; docs/modules.md):
 
 * ``torch.float32`` or ``"fp32"``: float32, as if the module's forward were wrapped in
-  ``HpuAutocastMode(enabled=False)`` with its positional floating inputs of a lower precision
-  (bfloat16, float16, fp8) cast to float32 first;
+  ``HpuAutocastMode(enabled=False)`` with its floating inputs (positional and keyword) of a lower
+  precision (bfloat16, float16, fp8) cast to float32 first;
 * a lower dtype (``torch.bfloat16``, ``torch.float16``, an fp8 dtype): a nested region of the
   enclosing region's policy in that dtype;
 * a preset name or a ``Policy``: a nested region of that policy in the enclosing region's dtype;
 * ``None`` or ``"off"``: casting off, inputs as they come (``HpuAutocastMode(enabled=False)``).
+
+Besides names and globs, two selectors name a module by its place (Note: selectors):
+``"<first>"`` the first leaf linear layer, ``"<last>"`` the output head; ``first_last(dtype)``
+is ``{"<first>": dtype, "<last>": dtype}``, the standard fp8 recipe's exception.
 
 [Note: which entry wins]
 Overrides are nested regions, so for modules inside modules the innermost match wins (its region
@@ -32,9 +36,10 @@ elsewhere. The first module called with no mapped call in flight is a root: its 
 override's nested region (and casts its inputs), its forward hook exits it. The map's key is part
 of the compile guard token (``regions.TAG``), so a frame compiled under one map recompiles under
 another; a checkpoint's recomputation runs under the map it ran its forward with
-(``_engine.torch_autocast.add_recompute_capture``). Keyword inputs are not cast (torch's global
-pre-hooks see positional inputs only); a module run by calling ``.forward`` directly, not the
-module, is not seen.
+(``_engine.torch_autocast.add_recompute_capture``). Keyword inputs of a float32 module are cast
+by a hook of the module's own (Note: keyword inputs); a module run by calling ``.forward``
+directly, not the module, is not seen. A root's resolved names are checked against its modules
+at each call (``_resolve``), so a model that gains or replaces a submodule is resolved again.
 """
 
 from __future__ import annotations
