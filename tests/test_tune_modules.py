@@ -208,3 +208,14 @@ def test_the_tuning_docs_per_module_example_prints_the_documented_table(capsys):
     exec(compile(code, "docs/tuning.md", "exec"), {"__name__": "doc"})
     printed = capsys.readouterr().out.strip()
     assert printed and printed in section
+
+
+def test_a_function_running_no_module_is_refused_per_module():
+    a = torch.randn(16, 16) + 256.0
+
+    def fn(x):
+        return (x + 256.0) @ a - 256.0 * a.sum(0)  # outside any module: no unit to move
+
+    with pytest.raises(ValueError, match=r"no module ran calls in bf16 .* per_module=False"):
+        tune(fn, torch.randn(16, 16), dtype=BF16, policy="torch-cpu", device_type="cpu", tolerance=1e-3,
+             per_module=True)

@@ -38,6 +38,19 @@ lower precision.
 Every run counts against ``max_runs`` (the float32 reference, its rerun, the start policy
 included); a set measured once is never run again. Out of runs, the search stops with the best
 policy that met the tolerance so far. Nothing is random: ties are broken by name.
+
+[Note: per module]
+``tune(per_module=True)`` runs the same search (``_Search``) with modules as units and ``E(S)``
+the error of the start policy in a region whose module map sends the modules of ``S`` to float32
+(in an fp8 region: to bfloat16). A module's unit holds the calls of the start run that computed
+in the lower dtype (fp8: in fp8) with that module the innermost one in flight (``_ModuleCalls``:
+its own hooks, names as a module map gives them): a leaf's own work, or what a block's forward
+runs outside its children. A map entry acts on a module, and the innermost module covers each
+lower call inside the model once, so this is the finest grain a map can express. A module moves
+with every module inside it (``_Maps.closure``): a child kept lower inside a float32 parent would
+hand its lower output to code where casting is off. Calls outside any module, and backward calls
+(no module in flight), are no unit. The result is the start policy and the map
+(``TuneResult.modules``).
 """
 
 from __future__ import annotations
@@ -729,6 +742,10 @@ def _tune_modules(runner: _Runner, start: Policy, start_error: float, units: Lis
                   say: Callable[[str], None]) -> TuneResult:
     """``tune(per_module=True)``: the search over module units (Note: per module)."""
     dtype = runner.dtype
+    if not units and start_error > tolerance:
+        raise ValueError(f"tune(per_module=True): no module ran calls in {short_dtype(dtype)} in fn(*inputs) (the "
+                         f"units are the modules fn calls, by the calls each runs itself); the error "
+                         f"{start_error:.3e} comes from code outside modules: tune its ops with per_module=False")
     target = torch.bfloat16 if is_fp8(dtype) else torch.float32
     maps = _Maps(units, target)
 
