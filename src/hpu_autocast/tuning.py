@@ -640,7 +640,20 @@ def _why(search: _Search, unit: _Unit, moved: Moved, low: str) -> str:
 
 # --- the entry point -----------------------------------------------------------------------------
 
-def _check_args(fn, tolerance, metric, max_runs, progress) -> float:
+def _start(runner: "_Runner", start: Policy, recorder: Recorder, calls: Optional[_ModuleCalls]) -> float:
+    """The start policy's run (recorded; per module, with the module of each call) and its error."""
+    with calls if calls is not None else contextlib.nullcontext():
+        error = runner.error(runner.call(start, observer=combine_observers(recorder, calls)))
+    runner.say(f"run {runner.runs}/{runner.max_runs}: start ({start.name}) -> error {error:.3e}")
+    return error
+
+
+def _check_args(fn, tolerance, metric, max_runs, progress, dtype, per_module) -> float:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"tune: dtype must be a torch.dtype, got {dtype!r}")
+    if not isinstance(per_module, bool):
+        raise TypeError(f"tune: per_module must be True (tune a module map) or False (tune the policy's "
+                        f"lists), got {per_module!r}")
     if not callable(fn):
         raise TypeError(f"tune: fn must be callable, got {fn!r}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
@@ -694,12 +707,7 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     Returns a ``TuneResult``; a start already within tolerance is returned unchanged
     (``result.policy`` is the start policy).
     """
-    tolerance = _check_args(fn, tolerance, metric, max_runs, progress)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"tune: dtype must be a torch.dtype, got {dtype!r}")
-    if not isinstance(per_module, bool):
-        raise TypeError(f"tune: per_module must be True (tune a module map) or False (tune the policy's "
-                        f"lists), got {per_module!r}")
+    tolerance = _check_args(fn, tolerance, metric, max_runs, progress, dtype, per_module)
     start = as_policy(policy)
     start.check_dtype(dtype)
     runner = _Runner(fn, inputs, dtype, device_type, metric, max_runs, progress)
@@ -708,10 +716,7 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     _check_noise(runner, metric, tolerance)
     recorder = Recorder(start.name, dtype)
     calls = _ModuleCalls(start.name, dtype) if per_module else None
-    with calls if calls is not None else contextlib.nullcontext():
-        observer = recorder if calls is None else combine_observers(recorder, calls)
-        start_error = runner.error(runner.call(start, observer=observer))
-    runner.say(f"run {runner.runs}/{max_runs}: start ({start.name}) -> error {start_error:.3e}")
+    start_error = _start(runner, start, recorder, calls)
 
     def say(line: str) -> None:
         runner.say(f"run {runner.runs}/{max_runs}: {line}")
