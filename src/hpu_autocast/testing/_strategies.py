@@ -134,7 +134,10 @@ def module_maps(model: torch.nn.Module, *, values: Sequence[object] = MAP_VALUES
     """``modules=`` maps over ``model``'s module names (``""`` the model itself): up to
     ``max_entries`` entries, each an exact name or, with ``globs``, a glob made from one (its last
     part replaced by ``*``, or ``*`` before it), mapped to one of ``values`` or ``presets``
-    (preset names). Every pattern matches a module of ``model``, so no map warns."""
+    (preset names). Every pattern matches a module of ``model``, so no map warns. Some maps make
+    a model raise, as the hand-edited model would (docs/modules.md, Limits): ``None`` on a module
+    given lower activations beside float32 weights, a lower module inside a float32 one; leave
+    such values out, or ``reject()`` the draw on the dtype-mismatch error."""
     names = [n for n, _ in model.named_modules()]
     choices = list(values) + list(presets)
 
