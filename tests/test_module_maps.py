@@ -340,3 +340,151 @@ def test_a_mode_with_a_map_copies_with_it():
 
     assert run(torch.ones(1, 2)).dtype == torch.float32
     F.relu  # noqa: B018 (imported for the models above)
+
+
+# -- first and last layers: first_last() --------------------------------------------------------
+def _fp8_events(model, inputs, modules):
+    seen = []
+    with HpuAutocastMode(torch.float8_e4m3fn, policy="hpu", device_type="cpu", observer=seen.append,
+                         modules=modules):
+        model(**inputs).loss.backward()
+    return seen
+
+
+@pytest.mark.skipif(_real_models.tf is None, reason="transformers is not installed")
+def test_first_last_keeps_gpt2s_first_linear_and_lm_head_in_bf16_and_equals_the_hand_edited_model():
+    from hpu_autocast import first_last
+
+    arch = _real_models.ARCHS["gpt2"]
+    model, inputs = arch.build(), arch.inputs(torch.Generator().manual_seed(0))
+    # GPT-2's linears are Conv1D (addmm) in registration order; the first is h.0's c_attn, the
+    # last is lm_head (get_output_embeddings()).
+    seen = _fp8_events(copy.deepcopy(model), inputs, first_last(BF16))
+    gemms = [e for e in seen if e.op in (torch.ops.aten.addmm.default, torch.ops.aten.linear.default)]
+    by_module = {}
+    for e in gemms:
+        by_module.setdefault(e.module, set()).add(e.compute)
+    assert by_module == {"transformer.h.0.attn.c_attn": {BF16}, "lm_head": {BF16}, None: {torch.float8_e4m3fn}}
+    assert sum(e.module is None for e in gemms) == 7  # h.0's other three, h.1's four: all fp8
+    # Bit for bit the model with those two forwards wrapped in a bfloat16 region by hand.
+    outer = dict(dtype=torch.float8_e4m3fn, policy="hpu", device_type="cpu")
+    mapped = _train_step(model, inputs, dict(outer, modules=first_last(BF16)))
+    edited = _train_step(model, inputs, outer, edit={"transformer.h.0.attn.c_attn": BF16, "lm_head": BF16})
+    _assert_same(mapped, edited)
+    plain = _train_step(model, inputs, outer)
+    assert not torch.equal(plain[0], mapped[0])
+
+
+def test_first_last_without_a_head_takes_the_last_leaf_linear_in_registration_order():
+    from hpu_autocast import first_last
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = torch.nn.Linear(4, 2)           # registered first, called last
+            self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            return self.out(self.body(x))
+
+    seen = []
+    with HpuAutocastMode(BF16, policy="torch-cpu", observer=seen.append, modules=first_last(torch.float32)):
+        Net()(torch.ones(3, 4))
+    # Registration order: "out" is the first, "body.2" the last; only body.0 is left to the region.
+    assert [e.compute for e in seen if e.op is torch.ops.aten.linear.default] == [BF16]
+    with HpuAutocastMode(BF16, policy="torch-cpu", record=True, modules=first_last(torch.float32)) as mode:
+        Net()(torch.ones(3, 4))
+    assert {n: m["override"] for n, m in mode.report().modules.items()} == {"out": "float32", "body.2": "float32"}
+
+
+def test_an_unknown_selector_is_a_clear_error():
+    with pytest.raises(ValueError, match="'<frist>' is no selector; accepted: '<first>', '<last>'"):
+        HpuAutocastMode(BF16, policy="torch-cpu", modules={"<frist>": BF16})
+
+
+def test_a_selector_a_model_lacks_warns_as_an_unmatched_pattern():
+    from hpu_autocast import first_last
+
+    with pytest.warns(UserWarning, match="matched no module of the model .the model has no leaf linear") as got:
+        with HpuAutocastMode(BF16, policy="torch-cpu", modules=first_last()):
+            torch.nn.Sequential(torch.nn.ReLU())(torch.ones(2))
+    assert sorted(str(w.message).split("'")[1] for w in got) == ["<first>", "<last>"]
+
+
+def test_a_submodule_added_or_replaced_between_calls_is_mapped():
+    # Failed before: the names were resolved once per root and map, so a model that changed
+    # between calls kept the modules it had at the first call.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    mode = HpuAutocastMode(BF16, policy="torch-cpu", modules={"0": "fp32", "1": "fp32"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "1" matches nothing at the first call
+        with mode:
+            assert model(torch.ones(1, 2)).dtype == torch.float32
+    model.append(torch.nn.Linear(2, 2))
+    model[0] = torch.nn.Linear(2, 2)  # replaced: the same count of modules, another module
+    seen = []
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"0": "fp32", "1": "fp32"}, observer=seen.append):
+        assert model(torch.ones(1, 2)).dtype == torch.float32
+    assert [e for e in seen if e.op is torch.ops.aten.linear.default] == []  # both linears in float32
+
+
+class KwProbe(torch.nn.Module):
+    """Records the dtypes of its keyword inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x, *, mask=None, extra=()):
+        self.seen.append((x.dtype, mask.dtype, [t.dtype for t in extra]))
+        return x * mask  # saves its inputs: a checkpoint recomputes it
+
+
+class KwCaller(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.probe = KwProbe()
+
+    def forward(self, x):
+        return self.probe(x=x, mask=x, extra=[x, x.long()])
+
+
+@pytest.mark.parametrize("reentrant", [None, False])
+def test_keyword_inputs_of_a_float32_module_are_cast_too(reentrant):
+    # Failed before: only positional inputs were cast (torch's global pre-hooks see no kwargs).
+    model = KwCaller()
+    x = torch.ones(2, dtype=BF16, requires_grad=True)
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"probe": torch.float32}):
+        if reentrant is None:
+            out = model(x)
+        else:  # the recomputation casts them as the forward did
+            out = checkpoint.checkpoint(model, x, use_reentrant=reentrant)
+    out.float().sum().backward()
+    want = (torch.float32, torch.float32, [torch.float32, torch.int64])
+    assert model.probe.seen == [want] * (1 if reentrant is None else 2)
+    assert not model.probe._forward_pre_hooks  # the map's hook is gone with the region
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"probe": None}):
+        model(x)
+    assert model.probe.seen[-1] == (BF16, BF16, [BF16, torch.int64])  # "off" casts nothing
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpoint_of_the_whole_model_recomputes_under_the_map(reentrant):
+    # Failed before (non-reentrant: "Recomputed values ... have different metadata"): a checkpoint
+    # called with no module in flight recomputed without the map.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4, requires_grad=True)
+    outer = dict(dtype=BF16, policy="torch-cpu")
+    modules = {"2": torch.float32}
+
+    def step(region, edit=None):
+        m = copy.deepcopy(model)
+        if edit is not None:
+            hand_edited(m, edit, outer)
+        with HpuAutocastMode(**region):
+            loss = checkpoint.checkpoint(m, x, use_reentrant=reentrant).float().square().mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+    _assert_same(step(dict(outer, modules=modules)), step(outer, edit=modules))

@@ -50,6 +50,7 @@ from .policies.builder import build_policy, policy_from_gaudi_config, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
+from .module_map import first_last
 from .policies.names import PolicyError, resolve
 from .numerics import Comparison, compare
 from .opgraph import op_graph
@@ -65,6 +66,7 @@ __all__ = [
     "is_enabled",
     "get_dtype",
     "get_policy",
+    "first_last",
     # policies
     "Policy",
     "CastPolicy",

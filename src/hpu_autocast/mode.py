@@ -91,11 +91,13 @@ class HpuAutocastMode:
         modules: per-module precision without editing the model (docs/modules.md): a mapping of
             ``fnmatch`` patterns over dotted module names, relative to the outermost module the
             region calls (the model, named ``""``), to ``torch.float32`` / ``"fp32"`` (casting
-            off, the module's positional floating inputs of lower precision cast to float32
-            first), a lower dtype (this policy in that dtype), a preset name or ``Policy`` (that
-            policy in this dtype), or ``None`` / ``"off"`` (casting off, inputs as they come).
-            The innermost matched module wins; for one module, an exact name beats a glob, then
-            the entry given last. A pattern matching no module warns once, at the exit.
+            off, the module's floating inputs of lower precision cast to float32 first), a
+            lower dtype (this policy in that dtype), a preset name or ``Policy`` (that policy in
+            this dtype), or ``None`` / ``"off"`` (casting off, inputs as they come). The
+            selectors ``"<first>"`` / ``"<last>"`` name the first linear layer and the output
+            head (``first_last()``). The innermost matched module wins; for one module, an exact
+            name beats a glob, then the entry given last. A pattern matching no module warns
+            once, at the exit.
 
     Usable as a context manager or a decorator. Regions nest (the innermost wins) and belong to
     the context that entered them: a thread, or an asyncio task. A mode copies and pickles as

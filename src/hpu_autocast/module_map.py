@@ -8,12 +8,16 @@ gives them, relative to the outermost module the region calls: the model, whose 
 ``""``) to what the matched module's forward runs under (``Override``; docs/modules.md):
 
 * ``torch.float32`` or ``"fp32"``: float32, as if the module's forward were wrapped in
-  ``HpuAutocastMode(enabled=False)`` with its positional floating inputs of a lower precision
-  (bfloat16, float16, fp8) cast to float32 first;
+  ``HpuAutocastMode(enabled=False)`` with its floating inputs (positional and keyword) of a lower
+  precision (bfloat16, float16, fp8) cast to float32 first;
 * a lower dtype (``torch.bfloat16``, ``torch.float16``, an fp8 dtype): a nested region of the
   enclosing region's policy in that dtype;
 * a preset name or a ``Policy``: a nested region of that policy in the enclosing region's dtype;
 * ``None`` or ``"off"``: casting off, inputs as they come (``HpuAutocastMode(enabled=False)``).
+
+Besides names and globs, two selectors name a module by its place (Note: selectors):
+``"<first>"`` the first leaf linear layer, ``"<last>"`` the output head; ``first_last(dtype)``
+is ``{"<first>": dtype, "<last>": dtype}``, the standard fp8 recipe's exception.
 
 [Note: which entry wins]
 Overrides are nested regions, so for modules inside modules the innermost match wins (its region
@@ -32,9 +36,10 @@ elsewhere. The first module called with no mapped call in flight is a root: its 
 override's nested region (and casts its inputs), its forward hook exits it. The map's key is part
 of the compile guard token (``regions.TAG``), so a frame compiled under one map recompiles under
 another; a checkpoint's recomputation runs under the map it ran its forward with
-(``_engine.torch_autocast.add_recompute_capture``). Keyword inputs are not cast (torch's global
-pre-hooks see positional inputs only); a module run by calling ``.forward`` directly, not the
-module, is not seen.
+(``_engine.torch_autocast.add_recompute_capture``). Keyword inputs of a float32 module are cast
+by a hook of the module's own (Note: keyword inputs); a module run by calling ``.forward``
+directly, not the module, is not seen. A root's resolved names are checked against its modules
+at each call (``_resolve``), so a model that gains or replaces a submodule is resolved again.
 """
 
 from __future__ import annotations
@@ -55,10 +60,34 @@ from ._engine import torch_autocast as _torch_autocast
 from .policies.builder import as_policy
 from .policies.policy import Policy
 
-__all__ = ["ModuleMap", "Override", "parse_modules"]
+__all__ = ["ModuleMap", "Override", "parse_modules", "first_last", "FIRST", "LAST", "SELECTORS"]
 
 _GLOB = frozenset("*?[")
 _LOWER_FLOATS = (torch.bfloat16, torch.float16)
+
+#: [Note: selectors] Patterns that name a module by its place in the model, resolved against each
+#: root at its first call (with the names): ``<first>`` is the first leaf linear layer in
+#: registration order (``named_modules()``); ``<last>`` the model's output head, that is the
+#: module ``get_output_embeddings()`` returns (Hugging Face models: ``lm_head``), else a module
+#: named ``lm_head``, else the last leaf linear layer in registration order. A linear layer is an
+#: ``nn.Linear`` (subclasses too) or Hugging Face's ``Conv1D`` (GPT-2's transposed linear). A
+#: selector counts as an exact name (it beats a glob). Registration order, not call order: it is
+#: known before the forward runs, and is the order of the layers in nearly every model.
+FIRST = "<first>"
+LAST = "<last>"
+SELECTORS = (FIRST, LAST)
+
+
+def first_last(dtype: object = torch.bfloat16) -> Dict[str, object]:
+    """The standard fp8 recipe's exception as a module map: the first and the last linear layer
+    (or the output head, ``lm_head``) run as ``dtype`` says (default ``torch.bfloat16``), the rest
+    as the region does (Note: selectors). Give it as ``modules=``, or merge it into a map:
+
+        >>> with HpuAutocastMode(torch.float8_e4m3fn, modules=first_last(torch.bfloat16)):
+        ...     loss = model(x).loss
+        >>> modules = {**first_last(), "*.ln_*": "fp32"}
+    """
+    return {FIRST: dtype, LAST: dtype}
 
 
 @dataclass(frozen=True)
@@ -91,12 +120,22 @@ class ModuleMap:
         return ";".join(f"{p}={o.kind}:{o.dtype}:{o.policy.name if o.policy else ''}:"
                         f"{id(o.policy) if o.policy else ''}" for p, o in self.entries)
 
-    def match(self, name: str) -> Optional[Tuple[str, Override]]:
-        """The entry that decides for the module ``name`` (Note [which entry wins]), or ``None``."""
+    @property
+    def selectors(self) -> Tuple[str, ...]:
+        """The selectors (``<first>``, ``<last>``) among the patterns."""
+        return tuple(p for p, _ in self.entries if p in SELECTORS)
+
+    def match(self, name: str, selected: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, Override]]:
+        """The entry that decides for the module ``name`` (Note [which entry wins]), or ``None``;
+        ``selected``: the module name each selector stands for in this root."""
         best = None
         for pattern, override in self.entries:
-            exact = not (_GLOB & set(pattern))
-            if (pattern == name) if exact else fnmatch.fnmatchcase(name, pattern):
+            if pattern in SELECTORS:
+                exact, hit = True, selected is not None and selected.get(pattern) == name
+            else:
+                exact = not (_GLOB & set(pattern))
+                hit = (pattern == name) if exact else fnmatch.fnmatchcase(name, pattern)
+            if hit:
                 if best is None or exact or not best[0]:
                     best = (exact, pattern, override)
         return None if best is None else (best[1], best[2])
@@ -138,6 +177,9 @@ def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -
         if not isinstance(pattern, str):
             raise TypeError(f"HpuAutocastMode(modules=...): a pattern must be a string (a dotted module name "
                             f"or an fnmatch glob such as 'h.*.attn'), got {pattern!r}")
+        if pattern.startswith("<") and pattern not in SELECTORS:
+            raise ValueError(f"HpuAutocastMode(modules=...): {pattern!r} is no selector; accepted: "
+                             f"{', '.join(map(repr, SELECTORS))} (first_last()), or a module name or glob")
         entries.append((pattern, _override(pattern, value, dtype)))
     return ModuleMap(tuple(entries)) if entries else None
 
@@ -146,7 +188,7 @@ def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -
 class _Active:
     """A region's map in force in one context: what its hooks read."""
 
-    __slots__ = ("map", "make", "thread", "root", "resolved", "stack", "matched", "names", "tokens")
+    __slots__ = ("map", "make", "thread", "root", "resolved", "stack", "matched", "names", "tokens", "kw_hooks")
 
     def __init__(self, map_: ModuleMap, make, root=None, resolved=None) -> None:
         self.map = map_
@@ -157,6 +199,20 @@ class _Active:
         self.stack: List[tuple] = [] if root is None else [(None, None, None)]  # a recomputation: inside its root
         self.matched: set = set()
         self.names: List[str] = []  # a few module names of the first root (for the unmatched warning)
+        self.kw_hooks: Dict[int, object] = {}  # id(module) -> the handle of its keyword-input hook
+        if resolved is not None:
+            self.hook_keywords(root)
+
+    def hook_keywords(self, root) -> None:
+        """Give each module mapped to float32 a forward pre-hook that casts its keyword inputs
+        (torch's global pre-hooks see positional inputs only; Note: keyword inputs)."""
+        for module, (_, _, override) in self.resolved.items(root):
+            if override.kind == "fp32" and isinstance(module, torch.nn.Module) and id(module) not in self.kw_hooks:
+                self.kw_hooks[id(module)] = module.register_forward_pre_hook(_keywords_hook, with_kwargs=True)
+
+    def unhook(self) -> None:
+        while self.kw_hooks:
+            self.kw_hooks.popitem()[1].remove()
 
     def pre(self, module, args):
         if not self.stack:
@@ -165,6 +221,7 @@ class _Active:
             self.root = module
             self.resolved, names, matched = _resolve(module, self.map)
             self.matched.update(matched)
+            self.hook_keywords(module)
             if not self.names:
                 self.names = names
         hit = self.resolved.get(module) if self.resolved is not None else None
@@ -194,6 +251,25 @@ class _Active:
         return None
 
 
+def _keywords_hook(module, args, kwargs):
+    """[Note: keyword inputs] A module mapped to float32 gets its lower floating keyword inputs
+    cast too (``forward(x=...)``), by a pre-hook of its own (``with_kwargs=True``) that the map adds
+    when it resolves the root's names and removes when the region closes; it acts only while the
+    module's float32 entry is the innermost in flight. The root's own keyword inputs at the call
+    that makes it the root are not cast: its hooks for that call were read before it was resolved."""
+    active = _ACTIVE.get()
+    if active is None or active.thread != threading.get_ident() or not active.stack:
+        return None
+    top = active.stack[-1]
+    if top[0] is not module or top[1] is None or not kwargs:
+        return None
+    hit = active.resolved.get(module)
+    if hit is None or hit[2].kind != "fp32":
+        return None
+    cast = dict(zip(kwargs, cast_inputs(tuple(kwargs.values()))))
+    return args, cast
+
+
 def cast_inputs(args: tuple) -> tuple:
     """``args`` with each floating tensor of a lower precision than float32 (also in a list or
     tuple) cast to float32 (float64 and float32 stay)."""
@@ -219,25 +295,70 @@ def _resolve(root, map_: ModuleMap):
             _names_cache[root] = per_root
         except TypeError:  # not weakly referable: resolved each time
             pass
+    # Note: a model that gains, loses or replaces a submodule between calls (model.lm_head = ...)
+    # is resolved again: the cache keeps the modules the names were read from, and a walk of
+    # root.modules() (no names, no fnmatch: a small part of resolving) says whether they are the
+    # same ones. A module renamed in place (the same objects under other names) is not seen.
+    seen = tuple(map(id, root.modules()))
     got = per_root.get(map_.key)
-    if got is not None:
-        return got
+    if got is not None and got[3] == seen:
+        return got[:3]
     resolved, names = {}, []
     all_names = []
-    for name, mod in root.named_modules(remove_duplicate=False):
+    named = list(root.named_modules(remove_duplicate=False))
+    selected = _select(root, named) if map_.selectors else None
+    for name, mod in named:
         all_names.append(name)
         if len(names) < 6 and name:
             names.append(name)
-        hit = map_.match(name)
+        hit = map_.match(name, selected)
         if hit is not None and mod not in resolved:
             resolved[mod] = (hit[0], name, hit[1])
     # Note: the value must not hold the root strongly (it is the weak key): its entry holds the
     # module through a weak proxy of the dict key only, so the root maps under a sentinel.
     if root in resolved:
         resolved[_ROOT] = resolved.pop(root)
-    matched = {p for p, _ in map_.entries if any(fnmatch.fnmatchcase(n, p) for n in all_names)}
-    got = per_root[map_.key] = (_RootView(root, resolved), names, matched)
-    return got
+    matched = {p for p, _ in map_.entries
+               if (p in selected if p in SELECTORS else any(fnmatch.fnmatchcase(n, p) for n in all_names))}
+    got = per_root[map_.key] = (_RootView(root, resolved), names, matched, seen)
+    return got[:3]
+
+
+def _is_linear(module) -> bool:
+    """A leaf linear layer: ``nn.Linear`` or a subclass, or Hugging Face's ``Conv1D`` (by name, so
+    that transformers is not imported here)."""
+    if next(iter(module.children()), None) is not None:
+        return False
+    if isinstance(module, torch.nn.Linear):
+        return True
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2
+
+
+def _select(root, named) -> Dict[str, str]:
+    """The module name each selector stands for in ``root`` (Note: selectors); a selector with no
+    module to stand for (a model without linear layers) is left out."""
+    linears = [(n, m) for n, m in named if _is_linear(m)]
+    out = {}
+    if linears:
+        out[FIRST] = linears[0][0]
+    head = None
+    get_head = getattr(root, "get_output_embeddings", None)
+    if callable(get_head):
+        try:
+            head = get_head()
+        except (NotImplementedError, AttributeError):
+            head = None
+    names = {id(m): n for n, m in reversed(named)}  # a module's first name
+    if isinstance(head, torch.nn.Module) and id(head) in names:
+        out[LAST] = names[id(head)]
+    else:
+        heads = [n for n, _ in named if n.rpartition(".")[2] == "lm_head"]
+        if heads:
+            out[LAST] = heads[-1]
+        elif linears:
+            out[LAST] = linears[-1][0]
+    return out
 
 
 def _is_compiled_wrapper(module) -> bool:
@@ -264,6 +385,11 @@ class _RootView:
 
     def values(self):
         return self._resolved.values()
+
+    def items(self, root):
+        """``(module, entry)`` pairs, the root's under ``root`` (given by the caller, held here weakly)."""
+        for key, entry in self._resolved.items():
+            yield (root if key is _ROOT else key), entry
 
 
 def _weakrefable(obj) -> bool:
@@ -348,22 +474,35 @@ def warn_unmatched(active: _Active, warned: set) -> None:
             continue
         warned.add(pattern)
         names = ", ".join(repr(n) for n in active.names) or "(no submodules)"
-        warnings.warn(f"hpu_autocast: modules= pattern {pattern!r} matched no module of the model (names are "
-                      f"relative to the model, e.g. {names})", UserWarning, stacklevel=4)
+        if pattern in SELECTORS:
+            why = "the model has no leaf linear layer (nn.Linear, Hugging Face's Conv1D) nor output head"
+        else:
+            why = f"names are relative to the model, e.g. {names}"
+        warnings.warn(f"hpu_autocast: modules= pattern {pattern!r} matched no module of the model ({why})",
+                      UserWarning, stacklevel=4)
 
 
 def _capture():
     """For a checkpoint's recomputation: the map in force at the forward, to run it under again."""
     active = _ACTIVE.get()
-    if active is None or active.thread != threading.get_ident() or not active.stack:
+    if active is None or active.thread != threading.get_ident():
         return None
+    # A checkpoint called inside a module recomputes inside its root (resolved as at the forward);
+    # one called with no module in flight (checkpoint(model, x)) recomputes the root itself,
+    # which the recomputation's map resolves as a fresh region's does.
+    inside = bool(active.stack)
     snapshot = (active.map, active.make, active.root, active.resolved)
 
     class _Again:
         def __enter__(self):
-            self.tokens = activate(_Active(snapshot[0], snapshot[1], snapshot[2] or object(), snapshot[3]))
+            if inside:
+                self.active = _Active(snapshot[0], snapshot[1], snapshot[2] or object(), snapshot[3])
+            else:
+                self.active = _Active(snapshot[0], snapshot[1])
+            self.tokens = activate(self.active)
 
         def __exit__(self, *exc):
+            self.active.unhook()
             deactivate(self.tokens)
 
     return _Again
@@ -408,5 +547,6 @@ def close_map(active: _Active, warned: set) -> None:
             if entry[1] is not None:
                 entry[1].__exit__(None, None, None)
     finally:
+        active.unhook()
         deactivate(active.tokens)
     warn_unmatched(active, warned)

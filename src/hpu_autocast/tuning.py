@@ -38,10 +38,24 @@ lower precision.
 Every run counts against ``max_runs`` (the float32 reference, its rerun, the start policy
 included); a set measured once is never run again. Out of runs, the search stops with the best
 policy that met the tolerance so far. Nothing is random: ties are broken by name.
+
+[Note: per module]
+``tune(per_module=True)`` runs the same search (``_Search``) with modules as units and ``E(S)``
+the error of the start policy in a region whose module map sends the modules of ``S`` to float32
+(in an fp8 region: to bfloat16). A module's unit holds the calls of the start run that computed
+in the lower dtype (fp8: in fp8) with that module the innermost one in flight (``_ModuleCalls``:
+its own hooks, names as a module map gives them): a leaf's own work, or what a block's forward
+runs outside its children. A map entry acts on a module, and the innermost module covers each
+lower call inside the model once, so this is the finest grain a map can express. A module moves
+with every module inside it (``_Maps.closure``): a child kept lower inside a float32 parent would
+hand its lower output to code where casting is off. Calls outside any module, and backward calls
+(no module in flight), are no unit. The result is the start policy and the map
+(``TuneResult.modules``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -52,11 +66,12 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _torch
+from . import _torch, module_map as _module_map
 from ._torch import OpOverload
 from ._facts import ops as _ops
 from .policies.builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
 from .events import short_dtype
+from .log import combine_observers
 from .policies.names import PolicyError, resolve
 from .numerics import compare_outputs
 from .policies.policy import CastPolicy, Policy
@@ -103,10 +118,13 @@ def _unit_name(op: OpOverload) -> str:
     return base if op.namespace == "aten" else f"{op.namespace}::{base}"
 
 
-def _units(report, dtype: torch.dtype) -> List[_Unit]:
+def _units(report, dtype: torch.dtype, fp8_only: bool = False) -> List[_Unit]:
     """The units of a start run's ``PrecisionReport``, in order of first call: every functional
-    op that computed in ``dtype`` by the policy's decision or by its inputs (not listed)."""
-    low = {short_dtype(dtype), "bf16"} if is_fp8(dtype) else {short_dtype(dtype)}  # fp8: its other ops in bf16
+    op that computed in ``dtype`` by the policy's decision or by its inputs (not listed); in an
+    fp8 region also those in bfloat16, unless ``fp8_only``."""
+    low = {short_dtype(dtype)}
+    if is_fp8(dtype) and not fp8_only:
+        low.add("bf16")  # fp8: its other ops in bf16
     found: Dict[str, list] = {}
     for row in report.rows:
         if row.compute not in low or row.action.startswith("ineligible") or row.action == "native":
@@ -121,6 +139,103 @@ def _units(report, dtype: torch.dtype) -> List[_Unit]:
         if row.flops is not None:
             entry[2] = (entry[2] or 0) + row.flops
     return [_Unit(name, "/".join(actions), calls, flops) for name, (actions, calls, flops) in found.items()]
+
+
+# --- modules as units ----------------------------------------------------------------------------
+
+class _ModuleCalls:
+    """Which module each call of the start run ran in, as a module map names it: global forward
+    hooks keep the stack of modules in flight; the first one called with none in flight is a
+    root (``torch.compile``'s wrapper skipped), named ``""``, the others by their names in it
+    (``module_map``'s rule). Each event goes to a ``Recorder`` of the innermost named module in
+    flight; events with no module in flight (``fn``'s own code, a backward) go nowhere."""
+
+    def __init__(self, policy: str, dtype: torch.dtype) -> None:
+        self.policy, self.dtype = policy, dtype
+        self.stack: List[Tuple[object, Optional[str]]] = []
+        self.names: Dict[int, str] = {}
+        self.recorders: Dict[str, Recorder] = {}
+        self._handles: list = []
+
+    def _pre(self, module, args) -> None:
+        if not self.stack:
+            if _module_map._is_compiled_wrapper(module):
+                return
+            self.names = {}
+            for name, m in module.named_modules(remove_duplicate=False):
+                self.names.setdefault(id(m), name)
+        self.stack.append((module, self.names.get(id(module))))
+
+    def _post(self, module, args, out) -> None:
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i][0] is module:
+                del self.stack[i:]
+                return
+
+    def __call__(self, event) -> None:
+        if _torch.current_autograd_node() is not None:
+            return  # a backward: no module runs it
+        for _, name in reversed(self.stack):
+            if name is not None:
+                rec = self.recorders.get(name)
+                if rec is None:
+                    rec = self.recorders[name] = Recorder(self.policy, self.dtype)
+                rec(event)
+                return
+
+    def __enter__(self) -> "_ModuleCalls":
+        from torch.nn.modules import module as nn_module
+        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._handles:
+            self._handles.pop().remove()
+        self.stack.clear()
+
+
+def _module_units(calls: _ModuleCalls, dtype: torch.dtype) -> List[_Unit]:
+    """A unit per module that ran calls in the lower dtype (in fp8: in fp8) itself, in order of
+    first call: its ops as ``ran_as``, their calls and matmul/conv FLOPs."""
+    out = []
+    for name, rec in calls.recorders.items():
+        ops = _units(rec.report(), dtype, fp8_only=is_fp8(dtype))
+        if ops:
+            flops = [u.flops for u in ops if u.flops is not None]
+            out.append(_Unit(name, ", ".join(u.name for u in ops), sum(u.calls for u in ops),
+                             sum(flops) if flops else None))
+    return out
+
+
+def _exact(name: str) -> str:
+    """A pattern matching the module ``name`` alone: the name, its ``*?[`` bracketed."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _inside(name: str, outer: str) -> bool:
+    """Whether the module ``name`` is inside the module ``outer`` (the root ``""`` holds all)."""
+    return outer == "" or name.startswith(outer + ".")
+
+
+class _Maps:
+    """The module map of each moved set: each moved module not inside another moved one to
+    ``target``. A module moves with everything inside it (Note: per module)."""
+
+    def __init__(self, units: Sequence[_Unit], target: torch.dtype) -> None:
+        self.names = [u.name for u in units]
+        self.target = target
+
+    def closure(self, moved: Moved) -> Moved:
+        """The units ``moved`` moves: those and every unit inside one of them."""
+        return frozenset(n for n in self.names if any(n == m or _inside(n, m) for m in moved))
+
+    def outermost(self, moved: Moved) -> List[str]:
+        """The moved units no other moved unit holds, in call order."""
+        return [n for n in self.names if n in moved and not any(m != n and _inside(n, m) for m in moved)]
+
+    def __call__(self, moved: Moved) -> Dict[str, torch.dtype]:
+        return {_exact(name): self.target for name in self.outermost(moved)}
 
 
 # --- policies as list names ----------------------------------------------------------------------
@@ -197,14 +312,15 @@ class _Runner:
         self.ref = None
         self._rng = torch.random.get_rng_state()
 
-    def call(self, policy: Optional[Policy], observer=None):
+    def call(self, policy: Optional[Policy], observer=None, modules=None):
         if self.runs >= self.max_runs:
             raise _OutOfRuns
         self.runs += 1
         torch.random.set_rng_state(self._rng)
         if policy is None:
             return self.fn(*self.inputs)
-        with HpuAutocastMode(self.dtype, policy=policy, device_type=self.device_type, observer=observer):
+        with HpuAutocastMode(self.dtype, policy=policy, device_type=self.device_type, observer=observer,
+                             modules=modules or None):
             return self.fn(*self.inputs)
 
     def error(self, out) -> float:
@@ -232,7 +348,11 @@ class _Search:
     """The search of the module's Note over units and an error function of moved sets."""
 
     def __init__(self, units: Sequence[_Unit], error: Callable[[Moved], float], tolerance: float,
-                 runs_left: Callable[[], int], say: Callable[[str], None] = lambda line: None) -> None:
+                 runs_left: Callable[[], int], say: Callable[[str], None] = lambda line: None,
+                 noun: str = "ops", target: str = "float32",
+                 closure: Callable[[Moved], Moved] = lambda moved: moved) -> None:
+        self.noun, self.target = noun, target  # the progress lines' words: "ops" / "modules", "float32"
+        self.closure = closure  # the units a moved set moves (per module: a module moves what it holds)
         self.units = list(units)
         self.by_name = {u.name: u for u in self.units}
         self._error = error
@@ -252,7 +372,7 @@ class _Search:
         if moved not in self.errors:
             e = self.errors[moved] = self._error(moved)
             if what is None:
-                what = "moved " + (", ".join(sorted(moved)) if len(moved) <= 4 else f"{len(moved)} ops")
+                what = "moved " + (", ".join(sorted(moved)) if len(moved) <= 4 else f"{len(moved)} {self.noun}")
             self.say(f"{phase}: {what} -> error {e:.3e}")
             if e <= self.tolerance and (self.best is None or self._cost(moved) < self._cost(self.best)):
                 self.best = moved
@@ -263,7 +383,7 @@ class _Search:
 
     def _cost(self, moved: Moved) -> tuple:
         """Lower is better: matmul/conv FLOPs moved, then units moved, then the error."""
-        flops = sum(self.by_name[n].flops or 0 for n in moved)
+        flops = sum(self.by_name[n].flops or 0 for n in self.closure(moved))
         return flops, len(moved), self.errors.get(moved, math.inf), sorted(moved)
 
     def run(self, start_error: float) -> Moved:
@@ -292,17 +412,20 @@ class _Search:
         n = len(units)
         everything = frozenset(u.name for u in units)
         floor = frozenset(u.name for u in units if not u.gemm)
-        self.error(everything, "all moved", f"all {n} ops in float32")
+        self.error(everything, "all moved", f"all {n} {self.noun} in {self.target}")
         if floor != everything:
-            self.error(floor, "floor", "only the matmul/conv ops in lower precision")
+            self.error(floor, "floor", f"only the matmul/conv {self.noun} in lower precision")
         # Sensitivity takes 2n runs, and leaves room for the reach and the prune (about
         # n + log2(n) + 2), or is left out.
         if self.runs_left() >= 2 * n + n + n.bit_length() + 2:
             for u in units:
                 self.alone_moved[u.name] = self.error(frozenset({u.name}), "moved alone", u.name)
             for u in units:
-                rest = (everything if u.gemm else floor) - {u.name}
-                with_gemms = "" if u.gemm or floor == everything else " (and the matmul/conv ops)"
+                # Everything else moved: every unit whose move does not move u (per module: not
+                # a module holding it).
+                rest = frozenset(v for v in (everything if u.gemm else floor)
+                                 if u.name not in self.closure(frozenset({v})))
+                with_gemms = "" if u.gemm or floor == everything else f" (and the matmul/conv {self.noun})"
                 self.alone_lower[u.name] = self.error(rest, "alone lower", u.name + with_gemms)
         harm = lambda u: self.alone_lower.get(u.name, 0.0)  # noqa: E731
         helped = lambda u: self.alone_moved.get(u.name, 0.0)  # noqa: E731
@@ -393,8 +516,12 @@ class TuneResult:
     def __init__(self, *, policy: Policy, start: Policy, dtype: torch.dtype, tolerance: float, error: float,
                  start_error: float, moved: Tuple[str, ...], rows: Tuple[TuneRow, ...], lower: Tuple[str, ...],
                  fp32: Tuple[str, ...], runs: int, max_runs: int, exhausted: bool, flops: Tuple[int, int],
-                 bf16_gemms: Tuple[str, ...] = ()) -> None:
+                 bf16_gemms: Tuple[str, ...] = (), modules: Optional[Dict[str, torch.dtype]] = None) -> None:
         self.policy = policy
+        #: ``tune(per_module=True)``: the module map found, ``{module name: dtype}``, for
+        #: ``HpuAutocastMode(dtype, policy=result.policy, modules=result.modules)``; ``None`` for
+        #: an op-level tune. ``moved`` and ``rows`` are then by module.
+        self.modules = modules
         #: In an fp8 region, the GEMMs moved from fp8 to bfloat16 (``Policy.bf16_gemms``) before the
         #: float32 search.
         self.bf16_gemms = bf16_gemms
@@ -451,13 +578,21 @@ class TuneResult:
         """The variables that make Gaudi (and the ``hpu`` preset here) read the two list files."""
         return {ENV_LOWER: os.path.abspath(lower_path), ENV_FP32: os.path.abspath(fp32_path)}
 
+    @property
+    def target(self) -> str:
+        """Where moved units went: ``fp32``; ``bf16`` for the modules of a per-module fp8 tune."""
+        return "bf16" if self.modules is not None and is_fp8(self.dtype) else "fp32"
+
     def _summary(self) -> List[str]:
         low = short_dtype(self.dtype)
         state = "within" if self.met else "NOT within"
-        lines = [f"hpu_autocast tune: policy {self.start.name} -> {self.policy.name}, dtype {low}, "
+        how = " per module" if self.modules is not None else ""
+        lines = [f"hpu_autocast tune{how}: policy {self.start.name} -> {self.policy.name}, dtype {low}, "
                  f"tolerance {self.tolerance:.1e}",
                  f"error: {self.start_error:.3e} at the start -> {self.error:.3e}, {state} tolerance",
-                 f"moved to fp32: {', '.join(self.moved) if self.moved else 'nothing'}"]
+                 f"moved to {self.target}: {', '.join(self.moved) if self.moved else 'nothing'}"]
+        if self.modules is not None:
+            lines.append(f"modules={_map_repr(self.modules)}")
         kept, total = self.flops
         if total:
             lines.append(f"matmul/conv FLOPs in {low}: {kept} of {total} ({100 * kept / total:.1f}%)")
@@ -466,18 +601,27 @@ class TuneResult:
         return lines
 
     _HEADER = ["op", "ran as", "calls", "FLOPs", "moved alone", "alone lower", "result", "why"]
+    _MODULE_HEADER = ["module", "ops", "calls", "FLOPs", "moved alone", "alone lower", "result", "why"]
 
     def __str__(self) -> str:
-        cells = [[r.op, r.ran_as, str(r.calls), "-" if r.flops is None else str(r.flops), _fmt(r.moved_alone),
-                  _fmt(r.alone_lower), "fp32" if r.moved else "kept", r.why] for r in self.rows]
+        cells = [[r.op if r.op or self.modules is None else "(root)", r.ran_as, str(r.calls),
+                  "-" if r.flops is None else str(r.flops), _fmt(r.moved_alone),
+                  _fmt(r.alone_lower), self.target if r.moved else "kept", r.why] for r in self.rows]
         lines = self._summary()
         if cells:
-            lines += ["", *_table(self._HEADER, cells, {2, 3, 4, 5})]
+            header = self._HEADER if self.modules is None else self._MODULE_HEADER
+            lines += ["", *_table(header, cells, {2, 3, 4, 5})]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
+        mods = "" if self.modules is None else f", modules={_map_repr(self.modules)}"
         return (f"TuneResult(policy={self.policy.name!r}, error={self.error:.3e}, tolerance={self.tolerance:.1e}, "
-                f"moved={list(self.moved)}, runs={self.runs})")
+                f"moved={list(self.moved)}{mods}, runs={self.runs})")
+
+
+def _map_repr(modules: Dict[str, torch.dtype]) -> str:
+    """``{'2': torch.float32, ...}``: the map as Python reads it back."""
+    return "{" + ", ".join(f"{k!r}: {v}" for k, v in modules.items()) + "}"
 
 
 def _why(search: _Search, unit: _Unit, moved: Moved, low: str) -> str:
@@ -496,7 +640,21 @@ def _why(search: _Search, unit: _Unit, moved: Moved, low: str) -> str:
 
 # --- the entry point -----------------------------------------------------------------------------
 
-def _check_args(fn, tolerance, metric, max_runs, progress) -> float:
+def _start(runner: "_Runner", start: Policy, recorder: Recorder, calls: Optional[_ModuleCalls]) -> float:
+    """The start policy's run (recorded; per module, with the module of each call) and its error."""
+    with calls if calls is not None else contextlib.nullcontext():
+        error = runner.error(runner.call(start, observer=combine_observers(recorder, calls)))
+    recipe = f", {start.fp8}" if is_fp8(runner.dtype) else ""  # an fp8 region's: its scaling recipe
+    runner.say(f"run {runner.runs}/{runner.max_runs}: start ({start.name}{recipe}) -> error {error:.3e}")
+    return error
+
+
+def _check_args(fn, tolerance, metric, max_runs, progress, dtype, per_module) -> float:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"tune: dtype must be a torch.dtype, got {dtype!r}")
+    if not isinstance(per_module, bool):
+        raise TypeError(f"tune: per_module must be True (tune a module map) or False (tune the policy's "
+                        f"lists), got {per_module!r}")
     if not callable(fn):
         raise TypeError(f"tune: fn must be callable, got {fn!r}")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
@@ -529,7 +687,7 @@ def _reference(runner: "_Runner", metric: Optional[Callable]):
 
 def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu", tolerance: float = 0.01,
          metric: Optional[Callable] = None, max_runs: int = 200, device_type: Optional[str] = None,
-         progress: Optional[Callable[[str], None]] = None) -> TuneResult:
+         progress: Optional[Callable[[str], None]] = None, per_module: bool = False) -> TuneResult:
     """Find the policy, starting from ``policy`` (a preset name or a ``Policy``, resolved as a
     mode resolves it: ``"hpu"`` takes Gaudi's list variables), that keeps the most work in
     ``dtype`` while ``fn(*inputs)`` stays within ``tolerance`` of its float32 run.
@@ -544,12 +702,13 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     optimizer step). ``progress`` gets one line per run (also logged at INFO to
     ``hpu_autocast.tune``). ``device_type`` is the mode's.
 
+    ``per_module=True`` tunes over the model's modules instead of its ops (Note: per module, below):
+    the policy stays the start's, and ``result.modules`` is the module map found.
+
     Returns a ``TuneResult``; a start already within tolerance is returned unchanged
     (``result.policy`` is the start policy).
     """
-    tolerance = _check_args(fn, tolerance, metric, max_runs, progress)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"tune: dtype must be a torch.dtype, got {dtype!r}")
+    tolerance = _check_args(fn, tolerance, metric, max_runs, progress, dtype, per_module)
     start = as_policy(policy)
     start.check_dtype(dtype)
     runner = _Runner(fn, inputs, dtype, device_type, metric, max_runs, progress)
@@ -557,13 +716,14 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
 
     _check_noise(runner, metric, tolerance)
     recorder = Recorder(start.name, dtype)
-    start_error = runner.error(runner.call(start, observer=recorder))
-    recipe = f", {start.fp8}" if is_fp8(dtype) else ""  # an fp8 region's: its scaling recipe
-    runner.say(f"run {runner.runs}/{max_runs}: start ({start.name}{recipe}) -> error {start_error:.3e}")
-    units = _units(recorder.report(), dtype)
+    calls = _ModuleCalls(start.name, dtype) if per_module else None
+    start_error = _start(runner, start, recorder, calls)
 
     def say(line: str) -> None:
         runner.say(f"run {runner.runs}/{max_runs}: {line}")
+    if calls is not None:
+        return _tune_modules(runner, start, start_error, _module_units(calls, dtype), tolerance, say)
+    units = _units(recorder.report(), dtype)
     begin, begin_error, bf16_gemms = _fp8_stage(runner, start, recorder.report(), tolerance, start_error, say)
     lists = _Lists(begin)
 
@@ -582,6 +742,47 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
                       error=search.errors[moved], start_error=start_error, moved=tuple(names), rows=rows,
                       lower=tuple(lower), fp32=tuple(fp32), runs=runner.runs, max_runs=max_runs,
                       exhausted=search.exhausted, flops=(kept, total), bf16_gemms=bf16_gemms)
+
+
+def _tune_modules(runner: _Runner, start: Policy, start_error: float, units: List[_Unit], tolerance: float,
+                  say: Callable[[str], None]) -> TuneResult:
+    """``tune(per_module=True)``: the search over module units (Note: per module)."""
+    dtype = runner.dtype
+    if not units and start_error > tolerance:
+        raise ValueError(f"tune(per_module=True): no module ran calls in {short_dtype(dtype)} in fn(*inputs) (the "
+                         f"units are the modules fn calls, by the calls each runs itself); the error "
+                         f"{start_error:.3e} comes from code outside modules: tune its ops with per_module=False")
+    target = torch.bfloat16 if is_fp8(dtype) else torch.float32
+    maps = _Maps(units, target)
+
+    measured: Dict[Tuple[str, ...], float] = {}
+
+    def error(moved: Moved) -> float:
+        # Sets that name one map (a module and modules inside it) are run once.
+        key = tuple(maps.outermost(moved))
+        if key not in measured:
+            measured[key] = runner.error(runner.call(start, modules=maps(moved)))
+        return measured[key]
+
+    search = _Search(units, error, tolerance, lambda: runner.max_runs - runner.runs, say, noun="modules",
+                     target=short_dtype(target), closure=maps.closure)
+    moved = search.run(start_error)
+    low = short_dtype(dtype)
+    names = tuple(maps.outermost(moved))
+    went = maps.closure(moved)
+
+    def why(u: _Unit) -> str:
+        holder = next((m for m in names if m != u.name and _inside(u.name, m)), None)
+        return _why(search, u, moved, low) if holder is None else f"inside {holder or '(root)'}"
+    rows = tuple(TuneRow(u.name, u.ran_as, u.calls, u.flops, search.alone_moved.get(u.name),
+                         search.alone_lower.get(u.name), u.name in went, why(u)) for u in units)
+    total = sum(u.flops or 0 for u in units)
+    kept = sum(u.flops or 0 for u in units if u.name not in went)
+    lower, fp32 = _Lists(start).names(frozenset())
+    return TuneResult(policy=start, start=start, dtype=dtype, tolerance=tolerance, error=search.errors[moved],
+                      start_error=start_error, moved=names, rows=rows, lower=tuple(lower), fp32=tuple(fp32),
+                      runs=runner.runs, max_runs=runner.max_runs, exhausted=search.exhausted, flops=(kept, total),
+                      modules=maps(moved))
 
 
 def _check_noise(runner: _Runner, metric: Optional[Callable], tolerance: float) -> None:

@@ -8,6 +8,7 @@ The script is run as a module (``__name__`` is ``"__hpu_autocast_tune__"``, so i
 
 ``fn(*inputs)`` is what ``hpu_autocast.tune`` runs (``inputs``: a tuple of positional
 arguments, or one tensor); ``metric(reference, outputs) -> float`` replaces the default error.
+``--per-module`` tunes a module map over the modules ``fn`` calls (``tune(per_module=True)``).
 ``cli/__init__.py`` registers the subcommand with ``add_parser(subparsers)``.
 """
 
@@ -46,6 +47,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_script_arguments(p, f"a Python script defining {TARGET}()")
     p.add_argument("--tolerance", type=float, default=0.01, help="largest error accepted (default: 0.01)")
     p.add_argument("--max-runs", type=int, default=200, help="most runs of fn the search may make (default: 200)")
+    p.add_argument("--per-module", action="store_true",
+                   help="tune a module map instead of the lists: the most modules of the model in the lower dtype "
+                        "(fp8: in fp8), the others in float32 (fp8: bfloat16); prints the modules= map")
     p.add_argument("--lists", metavar="DIR", help="write the tuned lists as DIR/lower_ops.txt and DIR/fp32_ops.txt")
     p.add_argument("--gaudi-config", metavar="PATH", help="write optimum-habana's gaudi_config.json")
     p.add_argument("--quiet", action="store_true", help="no progress line per run on stderr")
@@ -129,7 +133,8 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     progress = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     result = tune(fn, *inputs, dtype=DTYPES[ns.dtype], policy=policy_of(ns), tolerance=ns.tolerance,
-                  metric=metric, max_runs=ns.max_runs, device_type=ns.device_type, progress=progress)
+                  metric=metric, max_runs=ns.max_runs, device_type=ns.device_type, progress=progress,
+                  per_module=ns.per_module)
     print(result)
     if ns.lists:
         env = result.environment(*result.write_lists(ns.lists))

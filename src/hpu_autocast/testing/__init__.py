@@ -8,8 +8,8 @@
 * ``check_policy(fn, *inputs, dtype=, policy=)`` returns the ``Deviations`` of one run;
   ``assert_follows_policy`` raises them as a ``PolicyViolation`` (an ``AssertionError``).
 * ``watch_policy(dtype, policy=)``: a region that collects deviations as its body runs.
-* hypothesis strategies: ``policies()``, ``eligible_tensors()``, ``inputs_for(op)`` and
-  ``model_inputs(example)``. They need ``hypothesis``; nothing else here imports it.
+* hypothesis strategies: ``policies()``, ``eligible_tensors()``, ``inputs_for(op)``,
+  ``model_inputs(example)`` and ``module_maps(model)``. They need ``hypothesis``; nothing else here imports it.
 * the pytest fixture ``hpu_autocast_region`` (plugin ``pytest_hpu_autocast``, installed with the
   package) runs a test body in a watched region and fails the test on a deviation.
 
@@ -26,7 +26,7 @@ for _cls in (Deviation, Deviations, Kind, PolicyViolation, Watch):
 del _cls
 
 __all__ = ["check_policy", "assert_follows_policy", "watch_policy", "Watch", "Deviation", "Deviations", "Kind",
-           "PolicyViolation", "WHYS", "policies", "eligible_tensors", "inputs_for", "model_inputs"]
+           "PolicyViolation", "WHYS", "policies", "eligible_tensors", "inputs_for", "model_inputs", "module_maps"]
 
 
 def _load():
@@ -60,6 +60,12 @@ def model_inputs(*args, **kwargs):
     return _load().model_inputs(*args, **kwargs)
 
 
-for _f in (policies, eligible_tensors, inputs_for, model_inputs):
+def module_maps(*args, **kwargs):
+    """A hypothesis strategy of ``modules=`` maps over a model's module names
+    (``_strategies.module_maps``)."""
+    return _load().module_maps(*args, **kwargs)
+
+
+for _f in (policies, eligible_tensors, inputs_for, model_inputs, module_maps):
     _f.__doc__ += "\n\n    Needs hypothesis (``pip install hypothesis``); imported on the first call."
 del _f

@@ -32,7 +32,7 @@ import contextlib
 import enum
 import inspect
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -40,9 +40,10 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from .. import _engine, _torch
 from .._torch import OpOverload, TorchDispatchMode, keystr, tree_flatten, tree_flatten_with_path
 from .. import mode as _mode
+from .. import module_map as _module_map
 from ..policies.builder import as_policy
 from ..events import Event, Outcome, short_dtype
-from ..policies.recipes import cast_dtype
+from ..policies.recipes import cast_dtype, is_fp8
 from ..log import combine_observers
 from ..policies.policy import CastPolicy, Policy
 
@@ -88,8 +89,10 @@ WRITE_LOST = "write lost"
 WRITE_CAST = "write cast"
 WRITE_EXTRA = "written only under the mode"
 INF_NAN = "inf/nan"
+MAPPED = "mapped module"
 BACKWARD = "(backward)"
-WHYS = (FLOAT64, INTEGER, EXPLICIT, DISABLED, OWN_CAST, LOWER_INPUTS, WRITE_LOST, WRITE_CAST, WRITE_EXTRA, INF_NAN)
+WHYS = (FLOAT64, INTEGER, EXPLICIT, DISABLED, OWN_CAST, LOWER_INPUTS, WRITE_LOST, WRITE_CAST, WRITE_EXTRA, INF_NAN,
+        MAPPED)
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,8 @@ def _first_floating(out) -> Optional[torch.dtype]:
 class _ModuleStack:
     """The modules being run (global forward hooks), as dotted paths from the roots given."""
 
-    def __init__(self, roots: Dict[str, torch.nn.Module], on_enter: Callable) -> None:
+    def __init__(self, roots: Dict[str, torch.nn.Module], on_enter: Callable,
+                 module_map: Optional[_module_map.ModuleMap] = None) -> None:
         self.names: Dict[int, str] = {}
         for prefix, root in roots.items():
             for name, m in root.named_modules(remove_duplicate=False):
@@ -184,11 +188,26 @@ class _ModuleStack:
         self.stack: List[Tuple[torch.nn.Module, str]] = []
         self.on_enter = on_enter
         self.handles = []
+        # A region's modules= map, resolved as the map resolves it (its names are relative to the
+        # first module called with none in flight): per entry of the stack, its match or None.
+        self.map = module_map
+        self._resolved = None
+        self._hits: List[Optional[tuple]] = []
 
     def path(self) -> Optional[str]:
         if _current_node() is not None:
             return BACKWARD  # no module is running
         return self.stack[-1][1] if self.stack else None
+
+    def mapped(self) -> Optional[tuple]:
+        """``(pattern, name, Override)`` of the innermost module in flight the map matches (the
+        one whose entry decides), or ``None`` (no map, no match, or a backward)."""
+        if self.map is None or _current_node() is not None:
+            return None
+        for hit in reversed(self._hits):
+            if hit is not None:
+                return hit
+        return None
 
     def _path_of(self, module: torch.nn.Module) -> str:
         if self.stack:
@@ -200,6 +219,12 @@ class _ModuleStack:
         return known if known is not None else type(module).__name__
 
     def _pre(self, module, args) -> None:
+        if self.map is not None:
+            root = not _module_map._is_compiled_wrapper(module) and all(
+                _module_map._is_compiled_wrapper(m) for m, _ in self.stack)  # the map skips compile's wrapper
+            if root:
+                self._resolved = _module_map._resolve(module, self.map)[0]
+            self._hits.append(self._resolved.get(module) if self._resolved is not None else None)
         path = self._path_of(module)
         self.stack.append((module, path))
         self.on_enter(module, path)
@@ -208,6 +233,7 @@ class _ModuleStack:
         for i in range(len(self.stack) - 1, -1, -1):
             if self.stack[i][0] is module:
                 del self.stack[i:]
+                del self._hits[i:]
                 break
 
     def __enter__(self) -> "_ModuleStack":
@@ -220,6 +246,7 @@ class _ModuleStack:
         for h in self.handles:
             h.remove()
         self.stack.clear()
+        self._hits.clear()
 
 
 class _Calls(TorchDispatchMode):
@@ -241,14 +268,17 @@ class Watch:
     (``deviations``, filled as the body runs)."""
 
     def __init__(self, policy: Policy, dtype: torch.dtype, device_type: str, roots: Dict[str, torch.nn.Module],
-                 ignore: Iterable = (), find_nonfinite: bool = False) -> None:
+                 ignore: Iterable = (), find_nonfinite: bool = False,
+                 module_map: Optional[_module_map.ModuleMap] = None) -> None:
         self.policy = policy
         self.dtype = dtype
         self.device_type = device_type
         if isinstance(ignore, (str, Kind)):  # one why or kind, not its characters
             ignore = (ignore,)
         self.ignore = frozenset(str(getattr(i, "value", i)) for i in ignore)
-        self.modules = _ModuleStack(roots, self._entered)
+        #: The ``modules=`` map each call is judged by (Note: module maps), or ``None``.
+        self.module_map = module_map
+        self.modules = _ModuleStack(roots, self._entered, module_map)
         self.mode: Optional[_mode.HpuAutocastMode] = None
         self._found: Dict[Deviation, int] = {}
         self._origins = WeakTensorKeyDictionary()
@@ -281,11 +311,45 @@ class Watch:
             return cast_dtype(_mode.get_dtype() or self.dtype)  # an fp8 region's outputs are bfloat16
         return _F32 if action in _FLOAT32_KINDS else None
 
-    def _action(self, op: OpOverload) -> Optional[CastPolicy]:
+    def _action(self, op: OpOverload, policy: Optional[Policy] = None) -> Optional[CastPolicy]:
+        if policy is not None and policy is not self.policy:
+            action = policy.table.get(op)
+            return action if action is CastPolicy.LOWER or action in _FLOAT32_KINDS else None
         for action, ops in self._tables.items():
             if op in ops:
                 return action
         return None
+
+    # -- module maps
+    # [Note: module maps] In a region with modules=, a call inside a matched module is judged by
+    # that module's entry, not by the region's policy: float32 (the map's casting-off region,
+    # inputs cast up) intends float32 for every op a policy lists; "off" intends nothing; a lower
+    # dtype intends the region's policy in that dtype, a policy that policy in the region's dtype.
+    # The module and its entry come from the watch's own module hooks, resolved as the map
+    # resolves names, so a run that does not apply the map (a region without it, a region opened
+    # inside the module) is judged by the map all the same, and its deviations say "mapped
+    # module" and which entry. In an fp8 region, a lower op may compute in fp8 or bfloat16 (a GEMM
+    # fp8 does not take); a module mapped to bfloat16 may not compute in fp8.
+    def _mapped_expected(self, op: OpOverload, action: Optional[CastPolicy], hit: tuple) -> Optional[torch.dtype]:
+        """The dtype a call of ``op`` (its event's ``action``, or the policy's) intends inside the
+        mapped module ``hit``: the dtype a region computes a lower op in, float32, or ``None``."""
+        override = hit[2]
+        if override.kind == "off":
+            return None
+        if override.kind == "policy":
+            action = self._action(op, override.policy)
+        elif action is None:
+            action = self._action(op)
+        if override.kind == "fp32":
+            return _F32 if action is CastPolicy.LOWER or action in _FLOAT32_KINDS else None
+        if action is CastPolicy.LOWER:
+            return override.dtype if override.kind == "dtype" else self.dtype
+        return _F32 if action in _FLOAT32_KINDS else None
+
+    def _mapped(self, op, module, hit, inputs, compute, expected) -> None:
+        pattern, name, override = hit
+        source = f"{name or '(root)'} -> {override}" + ("" if pattern == name else f", by {pattern!r}")
+        self.add(Deviation(Kind.DTYPE, op, module, MAPPED, inputs, compute, expected, source))
 
     # -- origins
     def _entered(self, module: torch.nn.Module, path: str) -> None:
@@ -321,12 +385,16 @@ class Watch:
             self._claim_cast(event.args[0])
             return
         # The event's action: a listed op's, or a policy default's (hmp-O2 gives fp32 to ops on no list).
-        expected = self._expected(event.action)
+        hit = self.modules.mapped()
+        expected = self._expected(event.action) if hit is None else self._mapped_expected(op, event.action, hit)
         if expected is None:
             return
         module = self.modules.path()
         args = _tensors((event.args, event.kwargs))
-        if event.outcome is Outcome.INELIGIBLE and event.compute is not expected:
+        if hit is not None and event.outcome is Outcome.CAST and _F64 not in event.inputs \
+                and not _computes_as(expected, event.compute):
+            self._mapped(op, module, hit, event.inputs, event.compute, expected)
+        elif event.outcome is Outcome.INELIGIBLE and not _computes_as(expected, event.compute):
             if event.reason == "float64":
                 self._float64(op, module, event.inputs, event.compute, expected, args)
             else:
@@ -378,8 +446,19 @@ class Watch:
             self._propagate(func, ins, outs)
         if self._find_nonfinite:
             self._check_finite(func, ins, outs)
-        expected = self._expected(self._action(func))
         computed = _first_floating(outs)
+        hit = self.modules.mapped()
+        if hit is not None:
+            expected = self._mapped_expected(func, None, hit)
+            on = [t for t in ins if t.device.type == self.device_type and t.is_floating_point()]
+            if expected is None or computed is None or _computes_as(expected, computed) or not on \
+                    or any(t.dtype is _F64 for t in on):
+                return
+            if _mode.is_enabled() and _engine.observing():
+                return  # the engine's event for the call is judged by observe()
+            self._mapped(func, self.modules.path(), hit, tuple(t.dtype for t in ins), computed, expected)
+            return
+        expected = self._expected(self._action(func))
         if expected is None or computed is None or computed is expected:
             return
         on = [t for t in ins if t.device.type == self.device_type]
@@ -429,6 +508,14 @@ class Watch:
             self._last_cast = None
 
 
+def _computes_as(expected: torch.dtype, compute: Optional[torch.dtype]) -> bool:
+    """Whether a call that computed in ``compute`` did as ``expected`` says (an fp8 region's lower
+    op: fp8, or bfloat16 where fp8 does not take it)."""
+    if is_fp8(expected):
+        return compute is expected or compute is torch.bfloat16
+    return compute is expected
+
+
 def _float32_inputs(event: Event) -> List[Tuple[str, torch.Tensor]]:
     """The inputs a float32-kind op read, as ``(argument, tensor before any cast)``: FP32's cast
     ones (its event lists them), or the two dtype kinds' first argument, which they do not cast
@@ -463,6 +550,23 @@ def _roots(fn: Callable, modules) -> Dict[str, torch.nn.Module]:
     return found
 
 
+def _split_modules(modules, dtype: torch.dtype, mode_kwargs: dict):
+    """``modules=`` as ``(roots, map)``: the modules whose paths findings use (a module, or a dict
+    of names to modules), or a module map as ``HpuAutocastMode(modules=)`` takes it (a mapping of
+    patterns to dtypes, presets, policies or None), which goes to the mode too (in ``mode_kwargs``)."""
+    if modules is None or isinstance(modules, torch.nn.Module) or not isinstance(modules, Mapping) or not modules:
+        return modules, None
+    is_module = [isinstance(v, torch.nn.Module) for v in modules.values()]
+    if all(is_module):
+        return modules, None
+    if any(is_module):
+        raise TypeError("hpu_autocast.testing: modules= is either the modules whose paths findings use (a module, or "
+                        "a dict of names to modules) or a module map (patterns to dtypes, presets, policies or None), "
+                        f"not both: got {dict(modules)!r}")
+    mode_kwargs["modules"] = modules
+    return None, _module_map.parse_modules(modules, dtype)
+
+
 def _resolve(policy, dtype, device_type) -> Tuple[Policy, str]:
     p = as_policy(policy)
     p.check_dtype(dtype)
@@ -481,7 +585,9 @@ def watch_policy(dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Poli
         >>> assert not w.deviations, w.deviations
     """
     p, device = _resolve(policy, dtype, device_type)
-    w = Watch(p, dtype, device, _roots(None, modules) if modules is not None else {}, ignore)
+    modules, module_map = _split_modules(modules, dtype, mode_kwargs)
+    w = Watch(p, dtype, device, _roots(None, modules) if modules is not None else {}, ignore,
+              module_map=module_map)
     with w.running(**mode_kwargs):
         yield w
 
@@ -588,6 +694,7 @@ def check_policy(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, pol
     state) happen once per run. ``Deviations.output`` is what ``fn`` returned under the mode.
     """
     p, device = _resolve(policy, dtype, device_type)
+    modules, module_map = _split_modules(modules, dtype, mode_kwargs)
     roots = _roots(fn, modules)
     snapshot = _Snapshot()
     for prefix, root in roots.items():
@@ -602,7 +709,7 @@ def check_policy(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, pol
         rng.restore()
 
     def run(find_nonfinite: bool = False) -> Tuple[Watch, object]:
-        w = Watch(p, dtype, device, roots, ignore, find_nonfinite=find_nonfinite)
+        w = Watch(p, dtype, device, roots, ignore, find_nonfinite=find_nonfinite, module_map=module_map)
         w.mark_inputs(inputs)
         with w.running(**mode_kwargs):
             return w, fn(*inputs)

@@ -5,6 +5,7 @@ functions in ``hpu_autocast.testing`` import this module, which imports hypothes
     eligible_tensors()          tensors autocast may cast, of random shapes and lower dtypes
     inputs_for(op)              (args, kwargs) that ``op`` accepts, checked on meta tensors
     model_inputs(example)       inputs like ``example``, batch and sequence sizes varied
+    module_maps(model)          ``modules=`` maps over a model's module names
 
 Tensors are made on ``device`` (default: the device a region would cast on this machine, as
 ``HpuAutocastMode`` picks it), from a drawn seed, so an example shrinks to small shapes and
@@ -29,7 +30,7 @@ from ..policies.policy import CastPolicy, Policy
 from ..policies.presets import get_preset, preset_names
 from ..policies.recipes import AMAX_COMPUTE, WEIGHT_GRAD, Delayed, Rowwise, Tensorwise, is_fp8, supports
 
-__all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "ELIGIBLE_DTYPES"]
+__all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "module_maps", "ELIGIBLE_DTYPES"]
 
 #: The dtypes autocast casts: floating, not float64.
 ELIGIBLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -121,6 +122,35 @@ def recipes() -> st.SearchStrategy:
     return st.one_of(st.just(Tensorwise()), st.builds(Delayed, history=st.integers(1, 8), margin=st.integers(0, 2),
                                                       amax_compute=st.sampled_from(AMAX_COMPUTE)),
                      st.builds(Rowwise, weight_grad=st.sampled_from(WEIGHT_GRAD)))
+
+
+# --- module maps ---------------------------------------------------------------------------------
+#: What a module map's entry may say (docs/modules.md), but a Policy: float32, casting off, the
+#: lower dtypes; presets are added by ``module_maps(presets=...)``.
+MAP_VALUES = (torch.float32, "fp32", None, "off", torch.bfloat16, torch.float16)
+
+
+def module_maps(model: torch.nn.Module, *, values: Sequence[object] = MAP_VALUES, presets: Iterable[str] = (),
+                max_entries: int = 4, globs: bool = True) -> st.SearchStrategy[Dict[str, object]]:
+    """``modules=`` maps over ``model``'s module names (``""`` the model itself): up to
+    ``max_entries`` entries, each an exact name or, with ``globs``, a glob made from one (its last
+    part replaced by ``*``, or ``*`` before it), mapped to one of ``values`` or ``presets``
+    (preset names). Every pattern matches a module of ``model``, so no map warns. Some maps make
+    a model raise, as the hand-edited model would (docs/modules.md, Limits): ``None`` on a module
+    given lower activations beside float32 weights, a lower module inside a float32 one; leave
+    such values out, or ``reject()`` the draw on the dtype-mismatch error."""
+    names = [n for n, _ in model.named_modules()]
+    choices = list(values) + list(presets)
+
+    def patterns(name: str) -> List[str]:
+        out = [name]
+        if globs and name:
+            head, _, _ = name.rpartition(".")
+            out += [f"{head}.*" if head else "*", f"*{name}"]
+        return out
+
+    pattern = st.sampled_from(names).flatmap(lambda n: st.sampled_from(patterns(n)))
+    return st.dictionaries(pattern, st.sampled_from(choices), max_size=max_entries)
 
 
 # --- tensors -------------------------------------------------------------------------------------
