@@ -2,10 +2,16 @@
 enough to read in one sitting; and folders that show the layers, so that few modules sit
 directly in ``src/hpu_autocast`` (the public modules and the tools; the engine, the policies and
 torch's surface each a package of their own). A function that grows past the limit is split
-where it has a second job."""
+where it has a second job.
+
+Python's lengths are counted in reading lines (``_reading_lines``): a statement counts once however
+the formatter breaks it, so ``ruff format`` exploding a call over several lines changes no measure.
+"""
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpu_autocast"
@@ -13,24 +19,51 @@ MECHANISM = ("_engine/__init__.py", "_engine/entry.py", "_engine/regions.py", "_
              "_engine/cast_cache.py", "_engine/inplace.py", "_engine/dispatch.py", "_engine/hops.py",
              "_torch/__init__.py", "_torch/compile_guard.py", "_facts/devices.py", "_engine/compiled.py")
 LAYERS = ("_engine", "policies", "_facts", "_torch")
-MAX_FUNCTION_LINES = 60
-MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60  # reading lines
+MAX_MODULE_LINES = 380  # reading lines (the 450 physical lines of before were about 380 of them)
 MAX_TOP_LEVEL_MODULES = 16
+
+
+def _reading_lines(source: str) -> set:
+    """The lines a reader reads: each statement's first line (a statement the formatter breaks
+    over several lines counts once), each comment, and each line of a docstring."""
+    lines, start = set(), True
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.ENDMARKER):
+            start = start or tok.type != tokenize.NL  # NL: a line break inside one statement
+            continue
+        if tok.type == tokenize.COMMENT:
+            lines.add(tok.start[0])
+            continue
+        if start and tok.type == tokenize.STRING:  # a docstring: each of its lines is read
+            lines.update(range(tok.start[0], tok.end[0] + 1))
+        if start:
+            lines.add(tok.start[0])
+            start = False
+    return lines
+
+
+def test_reading_lines_do_not_change_when_a_statement_is_broken_over_lines():
+    one = 'def f(a, b):\n    """Two\n    lines."""\n    # why\n    return g(a, b, c=1)\n'
+    broken = 'def f(\n    a,\n    b,\n):\n    """Two\n    lines."""\n    # why\n    return g(\n        a,\n        b,\n        c=1,\n    )\n'
+    assert len(_reading_lines(one)) == len(_reading_lines(broken)) == 5
 
 
 def test_no_function_is_over_sixty_lines():
     long = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        source = path.read_text()
+        read = _reading_lines(source)
+        for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
+                lines = sum(1 for line in read if node.lineno <= line <= node.end_lineno)
                 if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines} lines)")
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines} reading lines)")
     assert not long, long
 
 
-def test_the_mechanism_modules_are_under_450_lines():
-    sizes = {name: len((PACKAGE / name).read_text().splitlines()) for name in MECHANISM}
+def test_the_mechanism_modules_are_under_380_reading_lines():
+    sizes = {name: len(_reading_lines((PACKAGE / name).read_text())) for name in MECHANISM}
     assert all(n <= MAX_MODULE_LINES for n in sizes.values()), sizes
 
 
