@@ -78,7 +78,7 @@ def _notes(policy: Policy) -> List[str]:
         notes.append("names this torch lacks: " + ", ".join(f"`{n}`" for n in record.missing))
     if policy.explicit_dtype == "cast":
         notes.append("explicit dtype: a call passing `dtype=` is cast as any other (as the native or bridge kernels do)")
-    if policy.c_names_only:
+    if record.c_names_only:
         notes.append("list names apply as on Gaudi: C++ function names of functional ops only")
     for name, list_name, why in record.ignored:
         notes.append(f"ignored, as on Gaudi: `{name}` on the {list_name} list ({why})")

@@ -326,10 +326,11 @@ def build_policy(
         unnamed = [op for op in _ops.registered_for(registered) if op not in table and op not in ban]
         _warn_unnamed(name, registered, unnamed)
     record = BuildRecord(missing=tuple(dict.fromkeys(skipped.missing)),
-                         ignored=_record_ignored(skipped, name, warn_ignored))
+                         ignored=_record_ignored(skipped, name, warn_ignored), promoted=frozenset(pro),
+                         c_names_only=c_names_only)
     return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
-                  unlisted=unlisted, inplace=inplace, promoted=frozenset(pro), device_type=device_type,
-                  explicit_dtype=explicit_dtype, c_names_only=c_names_only, native=registered, record=record)
+                  unlisted=unlisted, inplace=inplace, device_type=device_type, explicit_dtype=explicit_dtype,
+                  native=registered, record=record)
 
 
 def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
@@ -352,7 +353,7 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     on the lower list, given or kept, is lower precision whatever the other lists say, as the
     bridge's ``Hpu_KERNEL`` tries the lower list, then FP32, then promote; nothing conflicts.
     """
-    rules = _Rules(c_names_only=policy.c_names_only)
+    rules = _Rules(c_names_only=policy.record.c_names_only)
     skipped = _Skipped()
     asked = dict(zip((a for a, _, _ in _EXCLUSIVE), (lower, fp32, fp32_set_opt_dtype, fp32_append_dtype)))
     lists = {a: _taking(a, _overloads(_entries(asked[a], arg), rules, skipped, arg)) for a, arg, _ in _EXCLUSIVE
@@ -370,16 +371,16 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
         pro = _overloads(_entries(promote, "promote"), rules, skipped, "promote")
     else:
         pro = {op: (str(op), None) for op, a in policy.table.items() if a in (CastPolicy.PROMOTE, CastPolicy.FIRST)}
-        pro.update({op: (str(op), None) for op in policy.promoted})
+        pro.update({op: (str(op), None) for op in policy.record.promoted})
     table = _table(lists, pro)
     input_only = {op for op in policy.input_only if table.get(op) is CastPolicy.LOWER}
     replaced = {arg for (_, arg, _), names in zip(_EXCLUSIVE, asked.values()) if names is not None}
     replaced |= {"promote"} if promote is not None else set()
     ignored = tuple(i for i in policy.ignored if i[1] not in replaced) + _record_ignored(skipped, policy.name, True)
     dropped = tuple((str(op), a.value) for op, a in policy.table.items() if op not in table)
-    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped)
+    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped, promoted=frozenset(pro))
     return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",
-                               input_only=input_only, promoted=frozenset(pro), record=record)
+                               input_only=input_only, record=record)
 
 
 # --- edits that keep the rest -------------------------------------------------------------------
@@ -415,7 +416,7 @@ def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[It
     if unknown:
         raise TypeError(f"Policy.edit() got an unexpected keyword {unknown[0]!r}; the kinds it moves ops to: "
                         f"{', '.join(EDIT_KINDS)} (and name=)")
-    rules = _Rules(c_names_only=policy.c_names_only)
+    rules = _Rules(c_names_only=policy.record.c_names_only)
     skipped = _Skipped()
     moved: Dict[str, Dict[OpOverload, Entry]] = {}
     for kind, names in kinds.items():
@@ -440,7 +441,7 @@ def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[It
                                   f"{describe(*first_entry)}, and {kind}, as {describe(*entry)}; name it once")
             seen.setdefault(op, (kind, entry))
     table = dict(policy.table)
-    promoted = set(policy.promoted)
+    promoted = set(policy.record.promoted)
     for op, (kind, _) in seen.items():
         action = EDIT_KINDS[kind]
         if action is None:
@@ -456,9 +457,9 @@ def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[It
     ignored = policy.ignored + _record_ignored(skipped, policy.name, True)
     kept = {str(op) for op in table}
     dropped = tuple(d for d in policy.record.dropped if d[0] not in kept)  # an op edited back is no longer dropped
-    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped)
+    record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped, promoted=frozenset(promoted))
     return dataclasses.replace(policy, name=name or _edit_suffix(policy.name), table=table, input_only=input_only,
-                               banned=banned, promoted=frozenset(promoted), record=record)
+                               banned=banned, record=record)
 
 
 def _needs(action: CastPolicy) -> str:
