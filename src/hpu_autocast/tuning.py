@@ -55,7 +55,8 @@ import torch
 from . import _torch
 from ._torch import OpOverload
 from ._facts import ops as _ops
-from .policies.builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
+from .policies.builder import as_policy, with_lists
+from .policies.gaudi import ENV_FP32, ENV_LOWER
 from .events import short_dtype
 from .policies.names import PolicyError, resolve
 from .numerics import compare_outputs

@@ -1,9 +1,9 @@
 """Cast policies as plain, frozen data: a table from ``OpOverload`` to ``CastPolicy``.
 
 A ``Policy`` knows nothing about how casting happens, nor about op names: the engine reads
-it, ``hpu_autocast.builder`` builds it from names (with ``_build``'s builders, which resolve
-them through ``hpu_autocast.policies.names``), and ``hpu_autocast.policies.presets`` says which names make each
-preset. What a build let go of is its ``BuildRecord``, kept beside the value.
+it, ``hpu_autocast.policies.builder`` builds it from names (which resolve through
+``hpu_autocast.policies.names``), and ``hpu_autocast.policies.presets`` says which names make each
+preset. How a policy was built is its ``BuildRecord``, kept beside the value.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ class Policy:
         Raises ``PolicyError`` for an unknown name (with the closest valid ones), for an op named
         under two kinds (naming both entries), and for a kind an op cannot take.
         """
-        from ._build import edit_policy  # Note: the names live above this data module
+        from .builder import edit_policy  # Note: the names live above this data module
 
         return edit_policy(self, name=name, lower=lower, fp32=fp32, fp32_set_opt_dtype=fp32_set_opt_dtype,
                            fp32_append_dtype=fp32_append_dtype, promote=promote, first=first, unlisted=unlisted)
