@@ -112,21 +112,22 @@ def _kind(compiled, device_type: str, keys):
     return entry[2]
 
 
-def region_for(region, keys) -> Optional[object]:
-    """The core's state for ``region`` (a ``_regions.Region`` just entered, on the borrowed
-    ``keys``), or ``None`` where the Python kernels decide its calls: no core, a region that
+def region_for(region, cache, keys) -> Optional[object]:
+    """The core's state for ``region`` (a ``_regions.Region`` being entered, with the cast
+    ``cache`` it shares, on the borrowed ``keys``), or ``None`` where the Python kernels decide its calls: no core, a region that
     observes (events are Python's), or an fp8 region (its GEMMs are ``_fp8``'s: Note: fp8 regions)."""
     if core is None or region.observer is not None or region.observes or is_fp8(region.dtype):
         return None
-    return _kind(region.compiled, region.device_type, keys).open(region.cache)
+    return _kind(region.compiled, region.device_type, keys).open(cache)
 
 
-def set_frame(frame) -> None:
-    """Tell the core the calling context's innermost frame (csrc/core.cpp, Note [the frame in C++])."""
+def set_frame(state, frame) -> None:
+    """Tell the core the calling context's innermost frame and the core's ``state`` for its region
+    (``region_for``'s; ``None``: the Python kernels decide) (csrc/core.cpp, Note [the frame in C++])."""
     if core is None:
         return
-    if frame is not None and frame.region.core is not None:
-        core.set_frame(frame.region.core, frame.enabled, frame.dtype)
+    if state is not None:
+        core.set_frame(state, frame.enabled, frame.dtype)
     else:
         core.clear_frame()
 

@@ -75,7 +75,7 @@ def make_kernel(op: OpOverload) -> Callable:
 
     def kernel(keyset, *args, **kwargs):
         frame = _get_frame()
-        if frame is None or frame.region.closed:
+        if frame is None or frame.open.closed:
             frame = innermost()
         if _dispatch_modes() and tracing():  # tracing runs under a mode (fake tensors): eager skips the ask
             _compile_guard.install()

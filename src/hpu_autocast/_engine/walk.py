@@ -80,7 +80,7 @@ def cast_inputs(frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: O
 def _cached(frame: Frame, t: torch.Tensor, target: torch.dtype, cast: Callable, casts: Optional[list],
             arg: str) -> torch.Tensor:
     """``t`` cast through the cast cache (``cached_cast``), its cast put first in ``casts``."""
-    cache = frame.region.cache if _cache_on() else None
+    cache = frame.open.cache if _cache_on() else None
     mine = [] if casts is not None else None
     copy = cached_cast(t, t.dtype, target, cast, cache, mine, arg, target is frame.lower)
     if mine:
