@@ -26,7 +26,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import core_build as _core_build
+from . import cast_cache as _cast_cache, core_build as _core_build
 from .. import _torch
 from .._facts import ops as _ops
 from .._facts.devices import native_autocast_keys
@@ -70,8 +70,9 @@ if core is not None:
 
 
 def new_cache():
-    """A region's cast cache: the core's (its kernels and the Python path share it), else a dict."""
-    return core.Cache() if core is not None else {}
+    """A region's cast cache: the core's (its kernels and the Python path share it), else the
+    Python one (``_cast_cache.Cache``, the same interface)."""
+    return core.Cache() if core is not None else _cast_cache.Cache()
 
 
 class CoreRule(NamedTuple):

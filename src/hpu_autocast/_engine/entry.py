@@ -28,7 +28,7 @@ here (``replace_innermost`` too).
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -49,21 +49,24 @@ _clear_native_cache = _torch.clear_native_autocast_cache
 _thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
 
 
-class Entered:
+class Entered(Open):
     """What one region's entry took, for its exit to give back (torch.autocast's ``prev_*``: its
     ``__enter__`` keeps what it changes on the context manager, its ``__exit__`` puts it back),
-    with the region as it runs and its ``Open``. Filled by ``enter`` in its steps' order; read by
-    ``exit``, and nowhere else."""
+    with the region as it runs. It is the region's ``Open`` too, the part its frames share (the
+    cast cache, the thread, whether it closed), which is all the frame stack reads of it. Filled by
+    ``enter`` in its steps' order; read by ``exit`` (and the core's state by ``_tell_core``)."""
 
-    __slots__ = ("region", "open", "owns_cache", "core", "switch", "cache_was", "native_was_on", "eager")
+    __slots__ = ("region", "owns_cache", "core", "switch", "cache_was", "native_was_on", "eager")
 
-    def __init__(self, region: Region, open: Open, owns_cache: bool, core: Optional[object]) -> None:
+    def __init__(self, region: Region, cache: object, owns_cache: bool) -> None:
+        self.cache = cache  # Open's three, set here: one call per entry
+        self.thread = threading.get_ident()
+        self.closed = False
         self.region = region
-        self.open = open
         #: Whether this region made its cast cache (the outermost one: its exit clears it).
         self.owns_cache = owns_cache
         #: The C++ core's state for the region while open (``None``: the Python kernels decide).
-        self.core = core
+        self.core: Optional[object] = None
         #: The thread's switch of the borrowed keys, once counted in it (``_hold``).
         self.switch: Optional[_dispatch.ThreadSwitch] = None
         #: torch's cache flag at the entry (put back when this region exits innermost).
@@ -74,18 +77,13 @@ class Entered:
         self.eager = False
 
 
-#: The C++ core's state of each open region with one, by its ``Open``: what the core is told when
-#: a frame of it becomes the innermost (the frame stack knows nothing of the core).
-_cores: Dict[Open, object] = {}
-
-
 def core_of(frame: Optional[Frame]) -> Optional[object]:
     """The C++ core's state for ``frame``'s region (``None``: the Python kernels decide its calls)."""
-    return _cores.get(frame.open) if frame is not None else None
+    return frame.open.core if frame is not None else None
 
 
 def _tell_core(frame: Optional[Frame]) -> None:
-    _core.set_frame(_cores.get(frame.open) if frame is not None else None, frame)
+    _core.set_frame(frame.open.core if frame is not None else None, frame)
 
 
 def enter(region: Region, k: _dispatch.Keys, acquire: Callable[[], None], release: Callable[[], None]) -> Entered:
@@ -100,10 +98,11 @@ def enter(region: Region, k: _dispatch.Keys, acquire: Callable[[], None], releas
     parent = _regions.innermost()
     try:
         if parent is None:
-            open, owns_cache = Open(_core.new_cache()), True
+            entered = Entered(region, _core.new_cache(), True)
         else:  # as torch.autocast: one cast cache for the outermost region and all nested in it
-            region, open, owns_cache = _regions.nested(region, parent), Open(parent.open.cache), False
-        entered = Entered(region, open, owns_cache, _core.region_for(region, open.cache, k))
+            entered = Entered(_regions.nested(region, parent), parent.open.cache, False)
+        region = entered.region
+        entered.core = _core.region_for(region, entered.cache, k)
         acquire()
     except BaseException:
         if region.observes:
@@ -111,10 +110,7 @@ def enter(region: Region, k: _dispatch.Keys, acquire: Callable[[], None], releas
         raise
     try:
         _hold(entered, k)
-        frame = _regions.push(region, open, parent)
-        if entered.core is not None:
-            _cores[open] = entered.core
-        _tell_core(frame)
+        _core.set_frame(entered.core, _regions.push(region, entered, parent))
     except BaseException:  # what was taken is given back, as at an exit
         try:
             if entered.switch is not None:
@@ -184,13 +180,12 @@ def exit(entered: Entered, release: Callable[[], None]) -> None:
     (frames of closed regions are skipped). From another thread, ``RuntimeError`` refuses it and
     nothing changes (nor is ``release`` called): a thread's dispatch keys are its own and only it
     can switch them off."""
-    open = entered.open
-    if open.closed:
+    if entered.closed:
         raise RuntimeError("this region was already exited")
     here = threading.get_ident()
-    if open.thread != here:
+    if entered.thread != here:
         raise RuntimeError(
-            f"hpu_autocast: a region entered in thread {open.thread} was exited from another thread "
+            f"hpu_autocast: a region entered in thread {entered.thread} was exited from another thread "
             f"({here}); it stays open there: regions are per thread, like torch.autocast: exit a region "
             "in the thread that entered it")
     try:
@@ -202,17 +197,16 @@ def exit(entered: Entered, release: Callable[[], None]) -> None:
 def _close(entered: Entered, pushed: bool = True) -> None:
     """Undo ``_hold`` and take the frame off (``pushed``: else the entry failed before its frame,
     and torch's cache flag goes back as at the innermost's exit)."""
-    region, open = entered.region, entered.open
-    _regions.close(open)
+    region = entered.region
+    _regions.close(entered)
     if entered.core is not None:
-        _cores.pop(open, None)
         entered.core.close()
     switch = entered.switch
     switch.ops -= 1
     if region.observes:
         switch.all -= 1
     if entered.owns_cache:
-        open.cache.clear()
+        entered.cache.clear()
     if _decrement_nesting() == 0:
         _clear_native_cache()  # as torch.autocast's exit from the outermost context
     if entered.eager:
@@ -222,7 +216,7 @@ def _close(entered: Entered, pushed: bool = True) -> None:
         _dispatch._keys.observing_closed()  # after the sync: the key is off in this thread
     for d in entered.native_was_on:
         _native_set_enabled(d, True)
-    innermost_exits = _regions.pop(open) if pushed else True
+    innermost_exits = _regions.pop(entered) if pushed else True
     if innermost_exits:
         _tell_core(_regions.context_frame())
     # torch's cache flag: back to what it was at this region's entry when the innermost exits

@@ -67,10 +67,13 @@ class Region(NamedTuple):
 def ask(compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str, enabled: bool,
         cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None, every_device: bool = False) -> Region:
     """The ``Region`` a mode asks for (the rules, observation and eligibility follow from the rest)."""
-    return Region(compiled, compiled.by_id if enabled and compiled is not None else _EMPTY, dtype, device_type,
-                  enabled, cache_enabled, observer,
-                  enabled and (observer is not None or (compiled is not None and compiled.has_defaults)),
-                  eligibility(device_type), every_device)
+    return _new(Region, (compiled, compiled.by_id if enabled and compiled is not None else _EMPTY, dtype, device_type,
+                         enabled, cache_enabled, observer,
+                         enabled and (observer is not None or (compiled is not None and compiled.has_defaults)),
+                         eligibility(device_type), every_device))
+
+
+_new = tuple.__new__  # a NamedTuple's own __new__ is a Python function over this: once per region
 
 
 class Open:
