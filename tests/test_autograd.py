@@ -360,7 +360,8 @@ def test_iadd_on_a_promote_list_against_a_hand_cast_control():
     # iadd on a promote list (seed 000 lists it; Gaudi's bridge ignores the name, hence not
     # under hpu itself) keeps its first input's dtype: the float32 operand is cast to bfloat16,
     # and its gradient comes back through that cast in float32.
-    documented = dataclasses.replace(get_preset("hpu"), c_names_only=False)
+    hpu = get_preset("hpu")
+    documented = dataclasses.replace(hpu, record=dataclasses.replace(hpu.record, c_names_only=False))
     policy = with_lists(documented, promote=["iadd"], name="hpu+iadd")
 
     def run(region, cast):

@@ -105,10 +105,10 @@ def test_files_read_again_when_changed(tmp_path, monkeypatch):
 
 
 def test_files_are_read_only_when_their_path_mtime_or_size_changes(tmp_path, monkeypatch):
-    from hpu_autocast.policies import builder
+    from hpu_autocast.policies import gaudi
 
-    reads, read = [], builder.bridge_findings
-    monkeypatch.setattr(builder, "bridge_findings", lambda path: reads.append(path) or read(path))
+    reads, read = [], gaudi.bridge_findings
+    monkeypatch.setattr(gaudi, "bridge_findings", lambda path: reads.append(path) or read(path))
     path = _write(tmp_path, "lower.txt", "mm\n")
     monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", path)
     first = policy_from_env()
@@ -237,10 +237,10 @@ NOT_FUNCTIONAL = "it names in-place or out= overloads only, and Gaudi's bridge r
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     # Each name warns once per process; a test starts with none warned about yet.
-    from hpu_autocast.policies import _build, builder
+    from hpu_autocast.policies import builder, gaudi
 
-    monkeypatch.setattr(_build, "_warned", set())
-    monkeypatch.setattr(builder, "_warned_findings", set())
+    monkeypatch.setattr(builder, "_warned", set())
+    monkeypatch.setattr(gaudi, "_warned_findings", set())
 
 
 def test_the_hpu_lists_own_python_names_are_recorded_without_a_warning(fresh_warnings):

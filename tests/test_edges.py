@@ -313,7 +313,7 @@ def test_a_mode_pickles_as_its_settings(policy, entered):
     # compiled policy). As a copy, and as torch.autocast pickles: its settings, not entered.
     import pickle
 
-    from hpu_autocast.policies.presets import get_preset
+    from hpu_autocast.policies.builder import get_preset
 
     mode = HpuAutocastMode(torch.float16, cache_enabled=False,
                            policy=get_preset("torch-cpu") if policy == "policy object" else policy)

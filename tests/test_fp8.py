@@ -179,14 +179,14 @@ def test_a_policy_without_bf16_refuses_fp8_naming_what_it_accepts():
 
 
 def test_the_c_core_decides_no_call_of_an_fp8_region():
-    from hpu_autocast._engine import core as _core
+    from hpu_autocast._engine import core as _core, innermost
+    from hpu_autocast._engine.entry import core_of
 
     with HpuAutocastMode(FP8):
-        from hpu_autocast._engine import innermost
-        assert innermost().region.core is None
+        assert core_of(innermost()) is None
     if _core.ENGINE == "c++":
         with HpuAutocastMode(torch.bfloat16):
-            assert innermost().region.core is not None
+            assert core_of(innermost()) is not None
 
 
 # -- 2. backward ----------------------------------------------------------------------------------

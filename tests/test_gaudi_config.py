@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from hpu_autocast import CastPolicy, HpuAutocastMode, PolicyError, get_preset, policy_from_gaudi_config
-from hpu_autocast.policies.builder import ENV_FP32, ENV_LOWER, policy_from_bridge_files, policy_from_env, policy_from_files
+from hpu_autocast.policies.builder import policy_from_bridge_files, policy_from_env, policy_from_files
+from hpu_autocast.policies.gaudi import ENV_FP32, ENV_LOWER
 
 # optimum-habana's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS (BERT's lists), the lists its docs and
 # examples' gaudi_config.json files carry.
@@ -30,9 +31,9 @@ OPTIMUM_FP32 = ["embedding", "nll_loss", "log_softmax"]
 def fresh_warnings(monkeypatch):
     # A name Gaudi ignores (iadd, truediv) warns once per process; each test starts afresh, and
     # with no PT_HPU_AUTOCAST_* variable of the environment the suite runs in.
-    from hpu_autocast.policies import _build
+    from hpu_autocast.policies import builder
 
-    monkeypatch.setattr(_build, "_warned", set())
+    monkeypatch.setattr(builder, "_warned", set())
     for name in (ENV_LOWER, ENV_FP32, "LOWER_LIST", "FP32_LIST"):
         monkeypatch.delenv(name, raising=False)
 
@@ -78,7 +79,7 @@ def test_a_config_is_the_policy_optimum_habanas_list_files_give(tmp_path, monkey
     lower, fp32_file = _declare(tmp_path, config, monkeypatch)
     assert _quietly(policy_from_files, "hpu", lower=lower, fp32=fp32_file) == direct
     # Gaudi reads the files optimum-habana writes with ATen function names only; the aten
-    # spellings are dropped there (builder's Note: list files as Gaudi's bridge reads them).
+    # spellings are dropped there (gaudi's Note: list files as Gaudi's bridge reads them).
     on_gaudi = _quietly(policy_from_bridge_files, "hpu", lower=lower, fp32=fp32_file)
     assert _quietly(policy_from_env) == on_gaudi
     assert _quietly(HpuAutocastMode).policy == on_gaudi  # what a mode of the default policy runs

@@ -1,5 +1,5 @@
 """Gaudi's list files (PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST, PT_HPU_AUTOCAST_FP32_OPS_LIST) read
-as Gaudi's bridge reads them (builder's Note: list files as Gaudi's bridge reads them): each file
+as Gaudi's bridge reads them (gaudi's Note: list files as Gaudi's bridge reads them): each file
 replaces its own list only, lower wins over FP32, and what the bridge drops, refuses or never
 registers is dropped or ignored with a warning naming the file and the line. ``check --gaudi``
 reports the same findings as errors. Each case failed on the strict reading these replaced."""
@@ -21,12 +21,12 @@ aten = torch.ops.aten
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     """No list-file variable set, and nothing warned about yet (warnings are once per file and name)."""
-    from hpu_autocast.policies import _build, builder
+    from hpu_autocast.policies import builder, gaudi
 
     for name in (ENV_LOWER, ENV_FP32, "LOWER_LIST", "FP32_LIST"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(_build, "_warned", set())
-    monkeypatch.setattr(builder, "_warned_findings", set(), raising=False)
+    monkeypatch.setattr(builder, "_warned", set())
+    monkeypatch.setattr(gaudi, "_warned_findings", set())
     monkeypatch.setattr(builder, "_warned_dropped", set())
 
 

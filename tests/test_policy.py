@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hpu_autocast import CastPolicy, Policy, get_preset, preset_names
+from hpu_autocast.policies.policy import BuildRecord
 
 aten = torch.ops.aten
 MM, EXP = aten.mm.default, aten.exp.default
@@ -75,8 +76,11 @@ def test_ops_named_outside_the_table_are_overloads_too():
 def test_equal_policies_hash_alike_and_every_field_counts():
     a = Policy(name="x", table={MM: CastPolicy.LOWER})
     assert a == Policy(name="x", table={MM: "lower"}) and hash(a) == hash(Policy(name="x", table={MM: "lower"}))
-    # promoted decides what a replaced lower list falls back to, so it is part of the value.
-    assert a != dataclasses.replace(a, promoted={MM}) and a != dataclasses.replace(a, device_type="cpu")
+    assert a != dataclasses.replace(a, device_type="cpu") and a != dataclasses.replace(a, explicit_dtype="cast")
+    # What a rebuild needs (the promote list a replaced lower list falls back to, Gaudi's name rule)
+    # is the build record's: it changes no cast, so it is no part of the value.
+    rebuilt = dataclasses.replace(a, record=BuildRecord(promoted={MM}, c_names_only=True))
+    assert rebuilt == a and hash(rebuilt) == hash(a) and rebuilt.promoted == {MM} and rebuilt.c_names_only
 
 
 def test_the_build_record_travels_with_a_policy_but_is_not_its_value():
@@ -84,10 +88,9 @@ def test_the_build_record_travels_with_a_policy_but_is_not_its_value():
     # made an equal policy unequal, so it took another compiled key (a recompilation) and
     # another kernel table for the same casts.
     from hpu_autocast._engine.compiled import compile_policy, policy_serial
-    from hpu_autocast.policies.policy import BuildRecord
 
     a = Policy(name="x", table={MM: CastPolicy.LOWER})
-    record = BuildRecord(missing=["gone"], ignored=[["iadd", "lower", "a Python name"]])
+    record = BuildRecord(missing=["gone"], ignored=[["iadd", "lower", "a Python name"]], promoted={MM})
     b = dataclasses.replace(a, record=record)
     assert b == a and hash(b) == hash(a) and policy_serial(b) == policy_serial(a)
     assert compile_policy(b).key == compile_policy(a).key

@@ -1,5 +1,5 @@
 """``Policy.edit``: ops move between kinds one at a time and every other op stays where it was
-(_build's Note: an edit moves ops, a list replaces lists). Each test states what it checks
+(builder's Note: an edit moves ops, a list replaces lists). Each test states what it checks
 against: the preset's own table (every other row unchanged), a hand-cast control run bit for
 bit, or the error a user reads."""
 
@@ -127,15 +127,15 @@ def test_a_misspelt_kind_names_the_kinds():
 def test_hpus_c_names_rule_applies_to_an_edit_as_to_a_build(monkeypatch):
     # iadd is a Python name: Gaudi's bridge matches C++ names, so under hpu it does nothing,
     # with a warning that points at the caller's line (this file), not at the package.
-    from hpu_autocast.policies import _build
+    from hpu_autocast.policies import builder, gaudi
 
-    monkeypatch.setattr(_build, "_warned", set())
+    monkeypatch.setattr(builder, "_warned", set())
     hpu = get_preset("hpu")
     with pytest.warns(UserWarning, match="'iadd' on the lower list has no effect under policy 'hpu'") as w:
         edited = hpu.edit(lower=["iadd"])
     assert w[0].filename == __file__
     assert _changed(hpu, edited) == {}
-    assert ("iadd", "lower", _build._PYTHON_NAME) in edited.ignored
+    assert ("iadd", "lower", gaudi._PYTHON_NAME) in edited.ignored
     # Under torch-cpu every name applies: iadd is add_'s in-place overloads.
     cpu = get_preset("torch-cpu").edit(lower=["iadd"])
     assert cpu.table[aten.add_.Tensor] is CastPolicy.LOWER

@@ -20,11 +20,11 @@ aten = torch.ops.aten
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    from hpu_autocast.policies import _build, builder
+    from hpu_autocast.policies import builder, gaudi
 
     for name in (ENV_LOWER, ENV_FP32, "LOWER_LIST", "FP32_LIST"):
         monkeypatch.delenv(name, raising=False)
-    for module, name in ((_build, "_warned"), (builder, "_warned_findings"), (builder, "_warned_dropped"),
+    for module, name in ((builder, "_warned"), (gaudi, "_warned_findings"), (builder, "_warned_dropped"),
                          (builder, "_warned_unused")):
         monkeypatch.setattr(module, name, set())
 

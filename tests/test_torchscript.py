@@ -137,7 +137,7 @@ def test_a_function_traced_inside_the_region_keeps_its_casts_as_one_traced_in_na
 
 # -- refused where no native behaviour exists ------------------------------------------------
 def _refusing_regions():
-    from hpu_autocast.policies.presets import get_preset
+    from hpu_autocast.policies.builder import get_preset
 
     torch_cpu = get_preset("torch-cpu")
     return {
@@ -164,7 +164,7 @@ def test_other_policies_refuse_scripted_code_naming_it(region):
 
 
 def test_a_policy_equal_to_torch_cpu_is_torch_cpu_and_one_renamed_is_not():
-    from hpu_autocast.policies.presets import get_preset
+    from hpu_autocast.policies.builder import get_preset
 
     inputs = _inputs()
     fn = torch.jit.script(mixed)

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from hpu_autocast import (CastPolicy, HpuAutocastMode, Policy, TuneResult, compare, get_preset, record, tune,
                           with_lists)
-from hpu_autocast.policies.builder import ENV_FP32, ENV_LOWER, policy_from_files
+from hpu_autocast.policies.builder import policy_from_files
+from hpu_autocast.policies.gaudi import ENV_FP32, ENV_LOWER
 from hpu_autocast.cli import main
 from hpu_autocast.policies.presets import gaudi_autocast
 

@@ -23,7 +23,7 @@ The public names (``__all__``), by what they are for:
 
 ``hpu_autocast.testing`` (checking a model against its policy), ``hpu_autocast.cli`` (the
 ``hpu-autocast`` command) and ``hpu_autocast.builder`` (policies from list files and Gaudi's
-variables; the public names of ``policies/builder.py``) are imported on their own. The layers are packages:
+variables; the public names of ``policies/builder.py`` and ``policies/gaudi.py``) are imported on their own. The layers are packages:
 ``policies`` (what a region casts, as data), ``_engine`` (regions and kernels), ``_torch``
 (torch's private surface and every patch of torch); ``docs/design.md`` has the map. No name here is also the name of a submodule
 unless it is that submodule (``tests/test_public_api.py``).
@@ -46,7 +46,7 @@ if "torch" not in _sys.modules:
 from . import amp, events, hmp, hpu, report
 from .amp import custom_bwd, custom_fwd
 from ._engine.core import ENGINE
-from .policies.builder import build_policy, policy_from_gaudi_config, with_lists
+from .policies.builder import build_policy, get_preset, policy_from_gaudi_config, with_lists
 from .events import Event
 from .graphs import cast_nodes, trace
 from .mode import HpuAutocastMode, disable_casts, get_dtype, get_policy, is_enabled, record
@@ -55,7 +55,7 @@ from .policies.names import PolicyError, resolve
 from .numerics import Comparison, compare
 from .opgraph import op_graph
 from .policies.policy import CastPolicy, Policy
-from .policies.presets import get_preset, preset_names
+from .policies.presets import preset_names
 from .report import PrecisionReport, Recorder
 from .tuning import TuneResult, tune
 

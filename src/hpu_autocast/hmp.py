@@ -42,8 +42,7 @@ import torch.autograd
 
 from . import _torch
 from .mode import HpuAutocastMode
-from .policies.builder import policy_from_files
-from .policies.presets import get_preset
+from .policies.builder import get_preset, policy_from_files
 
 __all__ = ["convert", "disable_casts", "reset", "is_converted", "LOGGER_NAME"]
 

@@ -160,7 +160,7 @@ class HpuAutocastMode:
         self._unmatched_warned: set = set()
         #: The open region of each thread that entered this mode (one mode may serve several
         #: threads at once, as a torch.autocast object does; a thread enters it once at a time).
-        self._regions: Dict[int, _engine.Region] = {}
+        self._regions: Dict[int, _engine.Entered] = {}
 
     @property
     def policy_name(self) -> str:
@@ -184,30 +184,29 @@ class HpuAutocastMode:
         compiled = compile_policy(self.policy) if self.enabled else None
         device = self.device_type or _outer_device()
         # A disabled region given no device turns all casting off, torch.autocast's too (disable_casts).
-        region = _engine.Region(compiled, self.dtype, device, self.enabled, self.cache_enabled,
-                                observer if self.enabled else None, every_device=self.device_type is None)
-        _engine.enter(region)
-        self._regions[thread] = region
+        region = _engine.ask(compiled, self.dtype, device, self.enabled, self.cache_enabled,
+                             observer if self.enabled else None, every_device=self.device_type is None)
+        entered = self._regions[thread] = _engine.enter(region)
         if self.modules is not None:
             try:
                 self._maps[thread] = _module_map.open_map(self, region.observer, self._recorder)
             except BaseException:
                 self._regions.pop(thread)
-                _engine.exit(region)
+                _engine.exit(entered)
                 raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        region = self._regions.pop(threading.get_ident(), None)
+        entered = self._regions.pop(threading.get_ident(), None)
         if exc is not None and self.enabled:
             _explain.note(exc, self.policy, self.dtype)  # a dtype mismatch gets a note (its Note)
-        if region is not None:
+        if entered is not None:
             active = self._maps.pop(threading.get_ident(), None)
             try:
                 if active is not None:
                     _module_map.close_map(active, self._unmatched_warned)
             finally:
-                _engine.exit(region)
+                _engine.exit(entered)
         elif self._regions:
             # Refused, and nothing changes: the region stays open in its own thread, which exits
             # it (a thread's casting state is its own, as torch.autocast's is).

@@ -69,7 +69,8 @@ import torch
 from . import _torch, module_map as _module_map
 from ._torch import OpOverload
 from ._facts import ops as _ops
-from .policies.builder import ENV_FP32, ENV_LOWER, as_policy, with_lists
+from .policies.builder import as_policy, with_lists
+from .policies.gaudi import ENV_FP32, ENV_LOWER
 from .events import short_dtype
 from .log import combine_observers
 from .policies.names import PolicyError, resolve

@@ -14,7 +14,7 @@ import pytest
 
 import hpu_autocast
 from hpu_autocast._engine import core_build
-from hpu_autocast.policies import builder
+from hpu_autocast.policies import builder, gaudi
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = pathlib.Path(hpu_autocast.__file__).resolve().parent
@@ -71,8 +71,8 @@ def test_the_builders_documented_path_is_a_module_of_the_builders_public_names()
     import hpu_autocast.builder as documented
 
     assert documented is hpu_autocast.builder and documented.__name__ == "hpu_autocast.builder"
-    assert documented.__all__ == builder.__all__
-    assert all(getattr(documented, name) is getattr(builder, name) for name in builder.__all__)
+    assert documented.__all__ == builder.__all__ + gaudi.__all__
+    assert all(getattr(documented, name) is getattr(module, name) for module in (builder, gaudi) for name in module.__all__)
 
 
 def test_the_console_script_and_main_module_name_functions_that_exist():

@@ -14,28 +14,30 @@ from __future__ import annotations
 
 from . import entry as _entry, hops as _hops, kernels as _kernels
 from . import torch_autocast as _torch_autocast
-from .entry import replace_innermost
+from .entry import Entered, replace_innermost
 from .kernels import keys_excluded
-from .regions import GUARD, OFF, Frame, Region, State, current, innermost, observing
+from .regions import GUARD, OFF, Frame, Region, State, ask, current, innermost, observing
 
-__all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
+__all__ = ["Region", "ask", "Entered", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
            "replace_innermost", "keys_excluded", "GUARD"]
 
 
-def enter(region: Region) -> None:
-    """Open ``region`` in the calling context (``entry.enter``: it becomes the innermost frame,
-    counted among the regions open in the process by ``torch_autocast.acquire``); higher-order
-    operators made since the last region learn the borrowed keys (``hops``)."""
+def enter(region: Region) -> Entered:
+    """Open ``region`` (``ask``'s) in the calling context (``entry.enter``: it becomes the innermost
+    frame, counted among the regions open in the process by ``torch_autocast.acquire``);
+    higher-order operators made since the last region learn the borrowed keys (``hops``).
+    Returns what ``exit`` takes: what the entry took, to give back."""
     k = _kernels.keys()
-    _entry.enter(region, k, _torch_autocast.acquire, _torch_autocast.release)
+    entered = _entry.enter(region, k, _torch_autocast.acquire, _torch_autocast.release)
     try:
         _hops.cover(k)  # after the entry, which may move the observing key
     except BaseException:
-        _entry.exit(region, _torch_autocast.release)
+        _entry.exit(entered, _torch_autocast.release)
         raise
+    return entered
 
 
-def exit(region: Region) -> None:
-    """Close ``region`` (``entry.exit``); the last open region's exit restores torch's own
-    autocast functions (``torch_autocast.release``)."""
-    _entry.exit(region, _torch_autocast.release)
+def exit(entered: Entered) -> None:
+    """Close the region ``enter`` opened (``entry.exit``); the last open region's exit restores
+    torch's own autocast functions (``torch_autocast.release``)."""
+    _entry.exit(entered, _torch_autocast.release)

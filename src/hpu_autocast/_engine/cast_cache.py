@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
 from .. import _torch
-from ..events import Cast
 
-__all__ = ["cached_cast", "CAST"]
+__all__ = ["cached_cast", "cast_to", "Cache", "CAST"]
 
 _FLOAT32 = torch.float32
 _Tensor = torch.Tensor
@@ -23,9 +22,47 @@ _inference_mode = torch.is_inference_mode_enabled
 CAST = {torch.bfloat16: _Tensor.bfloat16, torch.float16: _Tensor.half, torch.float32: _Tensor.float}
 
 
-def cached_cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Callable, cache: Optional[dict],
-          casts: Optional[list], arg: str, lower: bool) -> torch.Tensor:
-    """``t`` (eligible, of dtype ``dt``) cast to ``target``, through the cast cache where it applies.
+def cast_to(target: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The plain cast to ``target``."""
+    return CAST.get(target) or functools.partial(_Tensor.to, dtype=target)
+
+
+class Cache:
+    """A region's cast cache, in Python: the interface the C++ core's ``Cache`` has (``cast``,
+    ``clear``), for the Python kernels where no core is built (``_core.new_cache`` chooses)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict = {}
+
+    def cast(self, t: torch.Tensor, target: torch.dtype) -> Tuple[torch.Tensor, bool]:
+        """``t`` (float32, an eligible leaf that requires grad and is no view) cast to ``target``:
+        ``(the entry's copy, True)`` while ``t`` lives, else ``(a fresh copy, False)``, made with
+        grad on (a later use with grad needs its ``ToCopyBackward``) and remembered."""
+        key = (id(t), target)
+        hit = self._entries.get(key)
+        if hit is not None and hit[0]() is t:
+            return hit[1], True
+        if _grad_enabled():
+            c = cast_to(target)(t)
+        else:
+            _set_grad_enabled(True)
+            try:
+                c = cast_to(target)(t)
+            finally:
+                _set_grad_enabled(False)
+        self._entries[key] = (weakref.ref(t, functools.partial(_evict, self._entries, key)), c)
+        return c, False
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def cached_cast(t: torch.Tensor, target: torch.dtype, cache: Optional[Cache]) -> Tuple[torch.Tensor, bool]:
+    """``t`` (eligible) cast to ``target``, through ``cache`` where an entry applies (``None``: the
+    cache is off, or ``target`` is not the region's lower dtype); returns the copy and whether the
+    cache served it.
 
     [Note: the cast cache] The cache is native autocast's (``cached_cast`` in ATen's
     ``autocast_mode.cpp``), entry for entry: within the outermost region, a **float32 leaf that
@@ -44,35 +81,13 @@ def cached_cast(t: torch.Tensor, dt: torch.dtype, target: torch.dtype, cast: Cal
     can change behind any version counter (``.data``, NumPy, DLPack), so no entry could be
     proved fresh. One safe difference from native: entries are keyed by the dtype too, so a
     nested ``torch.autocast`` of another dtype never receives a copy of the first.
-    ``cache_enabled=False`` (always so on HPU) casts every time."""
-    if (cache is not None and lower and dt is _FLOAT32 and t.requires_grad and t.is_leaf
+    ``cache_enabled=False`` (always so on HPU) casts every time. The cache is the C++ core's
+    (``Cache`` in csrc/core.cpp, shared with its kernels) or this module's ``Cache``: one interface."""
+    if (cache is not None and t.dtype is _FLOAT32 and t.requires_grad and t.is_leaf
             and not _torch.is_view(t) and not _inference_mode()):
-        if type(cache) is not dict:  # the C++ core's, shared with its kernels (_core.new_cache)
-            c, hit = cache.cast(t, target)
-            if casts is not None:
-                casts.append(Cast(arg, dt, target, c.numel() * target.itemsize, hit, t))
-            return c
-        key = (id(t), target)
-        hit = cache.get(key)
-        if hit is not None and hit[0]() is t:
-            if casts is not None:
-                casts.append(Cast(arg, dt, target, hit[1].numel() * target.itemsize, True, t))
-            return hit[1]
-        if _grad_enabled():
-            c = cast(t)
-        else:
-            _set_grad_enabled(True)
-            try:
-                c = cast(t)
-            finally:
-                _set_grad_enabled(False)
-        cache[key] = (weakref.ref(t, functools.partial(_evict, cache, key)), c)
-    else:
-        c = cast(t)
-    if casts is not None:
-        casts.append(Cast(arg, dt, target, c.numel() * target.itemsize, False, t))
-    return c
+        return cache.cast(t, target)
+    return cast_to(target)(t), False
 
 
-def _evict(cache: dict, key: tuple, _ref) -> None:
-    cache.pop(key, None)
+def _evict(entries: dict, key: tuple, _ref) -> None:
+    entries.pop(key, None)

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
-from . import core_build as _core_build
+from . import cast_cache as _cast_cache, core_build as _core_build
 from .. import _torch
 from .._facts import ops as _ops
 from .._facts.devices import native_autocast_keys
@@ -70,25 +70,48 @@ if core is not None:
 
 
 def new_cache():
-    """A region's cast cache: the core's (its kernels and the Python path share it), else a dict."""
-    return core.Cache() if core is not None else {}
+    """A region's cast cache: the core's (its kernels and the Python path share it), else the
+    Python one (``_cast_cache.Cache``, the same interface)."""
+    return core.Cache() if core is not None else _cast_cache.Cache()
 
 
-def _row(rule, index: int, device_type: str) -> tuple:
-    """One rule as the core reads it (csrc/core.cpp's ``make_rule``). Which rules the core
-    applies is ``OpRule.core`` (Note: which calls the core decides); the rest are ``PYTHON``."""
-    action = _ACTION[rule.action.name if rule.core else "PYTHON"]
+class CoreRule(NamedTuple):
+    """One rule as it crosses to the core: csrc/core.cpp's ``make_rule`` reads each field by its
+    name into its ``Rule`` struct, once, when a table is built."""
+
+    #: The op's index in the core's tables (``register``'s).
+    index: int
+    #: ``action_codes()``'s code of the cast policy the core applies; ``PYTHON`` hands the call on.
+    action: int
+    #: It casts its first tensor alone (Gaudi's norms) on this device.
+    input_only: bool
+    #: It decomposes above autograd (``_ops.is_composite``).
+    composite: bool
+    #: ``kind_codes()``'s code per schema argument: positional, written, keyword or skip.
+    kinds: List[int]
+    #: ``OpRule.dtype_args``: the dtype arguments the rule reads.
+    dtype_args: List[int]
+    #: A call passing a dtype runs unchanged (``OpRule.leave_explicit``).
+    leave_explicit: bool
+    #: FP32_APPEND_DTYPE's overload with a dtype, as ``(name, overload name)``; ``("", "")``: none.
+    redispatch: Tuple[str, str]
+
+
+def _row(rule, index: int, device_type: str) -> CoreRule:
+    """One rule as the core reads it (``CoreRule``). Which rules the core applies is
+    ``OpRule.core`` (Note: which calls the core decides); the rest are ``PYTHON``."""
     kinds = []
     for i, a in enumerate(_torch.schema(rule.op).arguments):
         if a.kwarg_only:
             kinds.append(_KIND["skip"] if a.name in rule.written_names else _KIND["keyword"])
         else:
             kinds.append(_KIND["written"] if i in rule.protected else _KIND["positional"])
-    input_only = rule.input_only and rule.casts_input_only(device_type)
     redispatch = _torch.schema(rule.redispatch) if rule.redispatch is not None else None
-    redispatch = (redispatch.name, redispatch.overload_name) if redispatch is not None else ("", "")
-    return (index, action, input_only, _ops.is_composite(rule.op), kinds, list(rule.dtype_args), rule.leave_explicit,
-            redispatch)
+    return CoreRule(index=index, action=_ACTION[rule.action.name if rule.core else "PYTHON"],
+                    input_only=rule.input_only and rule.casts_input_only(device_type),
+                    composite=_ops.is_composite(rule.op), kinds=kinds, dtype_args=list(rule.dtype_args),
+                    leave_explicit=rule.leave_explicit,
+                    redispatch=(redispatch.name, redispatch.overload_name) if redispatch is not None else ("", ""))
 
 
 _NO_RULES: dict = {}  # the kinds of regions with no policy (a disable_casts() outside any region)
@@ -112,21 +135,22 @@ def _kind(compiled, device_type: str, keys):
     return entry[2]
 
 
-def region_for(region, keys) -> Optional[object]:
-    """The core's state for ``region`` (a ``_regions.Region`` just entered, on the borrowed
-    ``keys``), or ``None`` where the Python kernels decide its calls: no core, a region that
+def region_for(region, cache, keys) -> Optional[object]:
+    """The core's state for ``region`` (a ``_regions.Region`` being entered, with the cast
+    ``cache`` it shares, on the borrowed ``keys``), or ``None`` where the Python kernels decide its calls: no core, a region that
     observes (events are Python's), or an fp8 region (its GEMMs are ``_fp8``'s: Note: fp8 regions)."""
     if core is None or region.observer is not None or region.observes or is_fp8(region.dtype):
         return None
-    return _kind(region.compiled, region.device_type, keys).open(region.cache)
+    return _kind(region.compiled, region.device_type, keys).open(cache)
 
 
-def set_frame(frame) -> None:
-    """Tell the core the calling context's innermost frame (csrc/core.cpp, Note [the frame in C++])."""
+def set_frame(state, frame) -> None:
+    """Tell the core the calling context's innermost frame and the core's ``state`` for its region
+    (``region_for``'s; ``None``: the Python kernels decide) (csrc/core.cpp, Note [the frame in C++])."""
     if core is None:
         return
-    if frame is not None and frame.region.core is not None:
-        core.set_frame(frame.region.core, frame.enabled, frame.dtype)
+    if state is not None:
+        core.set_frame(state, frame.enabled, frame.dtype)
     else:
         core.clear_frame()
 

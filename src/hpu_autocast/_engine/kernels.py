@@ -18,7 +18,7 @@ Data flow of one call (docs/design.md has the long form)::
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -41,7 +41,6 @@ __all__ = ["keys", "keys_excluded", "make_kernel", "make_fallback"]
 _FLOAT32 = torch.float32
 _Tensor = torch.Tensor
 _is_excluded = _torch.is_excluded
-_set_excluded = _torch.set_excluded
 _dispatch_modes = _torch.dispatch_mode_depth
 _native_get_dtype = _torch.native_autocast_dtype
 _native_set_dtype = _torch.set_native_autocast_dtype
@@ -75,7 +74,7 @@ def make_kernel(op: OpOverload) -> Callable:
 
     def kernel(keyset, *args, **kwargs):
         frame = _get_frame()
-        if frame is None or frame.region.closed:
+        if frame is None or frame.open.closed:
             frame = innermost()
         if _dispatch_modes() and tracing():  # tracing runs under a mode (fake tensors): eager skips the ask
             _compile_guard.install()
@@ -135,8 +134,9 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
                 out = _op_function(op)(*args, **kwargs)
             inputs = input_dtypes(args, kwargs)
             if any(d.is_floating_point for d in inputs) and not _ops.is_view(op):
-                _notify(region.observer, Event(op, Level.FALLBACK, Outcome.UNLISTED, None, None, None, inputs,
-                                               first_floating(out), (), args, kwargs))
+                _notify(region.observer, Event(op=op, level=Level.FALLBACK, outcome=Outcome.UNLISTED, action=None,
+                                               default=None, reason=None, inputs=inputs, compute=first_floating(out),
+                                               casts=(), args=args, kwargs=kwargs))
             return out
     return _pass_on(op, args, kwargs, all_key)
 
@@ -174,13 +174,25 @@ def _notify(observer: Callable[[Event], None], event: Event) -> None:
 # over the arguments (``_walk.cast_inputs``) casts the eligible ones, and ``_apply`` does what every
 # policy does alike: call with the engine's keys excluded, report. What may be cast is
 # ``rules.eligibility``'s predicate (the region's ``eligible``). csrc/core.cpp has the same shape
-# in C++, and tests/test_cast_policies.py runs the same cases against both. (A plan is a tuple,
-# not an object: an object built per call cost 0.2 us of a Python cast op's 9; docs/performance.md.)
-_Plan = Tuple[Optional[torch.dtype], object, tuple, dict, Optional[str]]
+# in C++, and tests/test_cast_policies.py runs the same cases against both. The speed is the
+# core's: these kernels are the readable reference (docs/performance.md has what that costs).
+class Plan(NamedTuple):
+    """A call as a cast policy's function says it will run."""
+
+    target: Optional[torch.dtype]  #: the dtype its eligible inputs are cast to (``None``: none)
+    call: object                   #: the overload called (an fp8 region's GEMM: a ``_fp8.Gemm``)
+    args: tuple                    #: the positional arguments it is called with
+    kwargs: dict                   #: and the keyword ones
+    why: Optional[str] = None      #: why it ran as it did, where the function knows better than the output
+
+
+#: ``_new(Plan, (...))`` makes a plan: a NamedTuple's own ``__new__`` is a Python function over this,
+#: and a plan is made per call.
+_new = tuple.__new__
 
 
 def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
-    """Apply ``rule`` to one call: its cast policy's function plans it (``_Plan``), then what
+    """Apply ``rule`` to one call: its cast policy's function plans it (``Plan``), then what
     every policy does alike: with the engine's keys excluded (its insides are its own, as native
     excludes its key), the walk casts, the op is called (into copies for a named in-place or
     ``out=`` overload), the observer told. A call with no floating tensor of the region's
@@ -194,22 +206,12 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
         return _unchanged(frame, rule, op, args, kwargs, level, "explicit dtype")
     target, call, call_args, call_kwargs, why = _POLICY[rule.action](frame, rule, op, args, kwargs)
     observer = region.observer
-    casts = [] if observer is not None else None
-    # KeyGuard((ops, all)) written out, its rule kept (each key back as it was), less what
-    # changes nothing: the dispatcher ran the ops key's kernel, so that key is not excluded there,
-    # and the observing key is excluded but where an observing region switched it on. On the
-    # cast op's path a guard object, even torch's C++ one, costs 0.6 us more than these calls.
     keys = _dispatch._keys
-    ops, all_ = keys.ops, keys.all
-    was_ops = level is not _KERNEL and _is_excluded(ops)
-    was_all = _is_excluded(all_)
-    _set_excluded(ops, True)
-    if not was_all:
-        _set_excluded(all_, True)
-    try:
-        eligible, call_args, call_kwargs = cast_inputs(frame, rule, call_args, call_kwargs, target, casts)
+    with keys.excluded():  # the op's insides are its own, as native excludes its key
+        eligible, call_args, call_kwargs, casts = cast_inputs(frame, rule, call_args, call_kwargs, target,
+                                                              observe=observer is not None)
         if not (eligible or reached(region, rule, args, kwargs)):
-            return _pass_on(op, args, kwargs, ops, all_)
+            return _pass_on(op, args, kwargs, keys.ops, keys.all)
         if rule.banned is not None:
             raise RuntimeError(f"{rule.name}: {rule.banned}")
         if rule.into and target is not None:
@@ -218,30 +220,26 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
             out = _op_function(call)(*call_args, **call_kwargs) if call_kwargs else _op_function(call)(*call_args)
         if observer is not None:
             observer(_event(rule, op, level, target, args, kwargs, out, eligible, casts, call, why))
-    finally:
-        _set_excluded(ops, was_ops)
-        if not was_all:
-            _set_excluded(all_, False)
     return out
 
 
-def _lower(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> _Plan:
+def _lower(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> Plan:
     """LOWER: every eligible input cast to the region's dtype; in an fp8 region, to bfloat16, and a
     GEMM runs as a scaled fp8 product where it can (``_fp8.route``; its Note: fp8 regions)."""
     lower = frame.lower
     if lower is frame.dtype:
-        return lower, op, args, kwargs, None
+        return _new(Plan, (lower, op, args, kwargs, None))
     call, why = _fp8.route(frame, op, args, kwargs)
     # an fp8 product quantizes the inputs as passed (a float32 master weight directly): no cast
-    return (None if type(call) is _fp8.Gemm else lower), call, args, kwargs, why
+    return _new(Plan, (None if type(call) is _fp8.Gemm else lower, call, args, kwargs, why))
 
 
-def _fp32(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> _Plan:
+def _fp32(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> Plan:
     """FP32: every eligible input cast to float32."""
-    return _FLOAT32, op, args, kwargs, None
+    return _new(Plan, (_FLOAT32, op, args, kwargs, None))
 
 
-def _set_opt_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> _Plan:
+def _set_opt_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> Plan:
     """FP32_SET_OPT_DTYPE: if the first argument is eligible, each dtype argument the call leaves
     unset becomes float32 (ATen's ``set_opt_dtype``); nothing is cast."""
     if _first_eligible(frame, args):
@@ -252,10 +250,10 @@ def _set_opt_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwar
             elif kwargs.get(names[i]) is None:
                 kwargs[names[i]] = _FLOAT32
         args = tuple(args)
-    return None, op, args, kwargs, None
+    return _new(Plan, (None, op, args, kwargs, None))
 
 
-def _append_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> _Plan:
+def _append_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> Plan:
     """FP32_APPEND_DTYPE: call the overload that takes a dtype (``OpRule.redispatch``) with
     float32 if the first argument is eligible, else the first argument's dtype (ATen's
     ``type_from_firstarg``); nothing is cast."""
@@ -265,10 +263,10 @@ def _append_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwarg
     positional = tuple(v for v, a in zip(full, schema) if not a.kwarg_only)
     keywords = {**{a.name: v for v, a in zip(full, schema) if a.kwarg_only},
                 _torch.schema(rule.redispatch).arguments[-1].name: dtype}
-    return None, rule.redispatch, positional, keywords, None
+    return _new(Plan, (None, rule.redispatch, positional, keywords, None))
 
 
-def _decided(action: CastPolicy, frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> _Plan:
+def _decided(action: CastPolicy, frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict) -> Plan:
     """PROMOTE (every eligible input cast to the widest eligible dtype) and FIRST (to the first
     one's: an in-place ``self``, HPU's iadd): the dtype from the eligible inputs' dtypes in argument
     order (``rules.compute_dtype``; ``None``: none eligible, nothing cast). An in-place op's
@@ -279,7 +277,7 @@ def _decided(action: CastPolicy, frame: Frame, rule: OpRule, op: OpOverload, arg
     dtypes = [t.dtype for i, _, t in inputs(rule, args, kwargs, region.device_type)
               if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)]
     target = compute_dtype(action, dtypes, frame.lower, rule.name) if dtypes else None
-    return target, op, args, kwargs, None
+    return _new(Plan, (target, op, args, kwargs, None))
 
 
 def _first_eligible(frame: Frame, args: tuple) -> bool:
@@ -302,16 +300,17 @@ def _into(frame: Frame, rule: OpRule, op, args: list, kwargs: dict, target: torc
 
 
 def _event(rule: OpRule, op: OpOverload, level: Level, target: Optional[torch.dtype], args: tuple, kwargs: dict,
-           out, eligible: int, casts: list, called, why: Optional[str]) -> Event:
+           out, eligible: int, casts: tuple, called, why: Optional[str]) -> Event:
     """What the observer hears of a call a rule applied to (the user's ``args`` and ``kwargs``;
     ``called``, what ran: an fp8 product says it computed in e4m3)."""
     if eligible:  # what it ran in: the cast dtype, unless an input left alone (float64) promoted it
         compute = _fp8.E4M3 if type(called) is _fp8.Gemm else first_floating(out) or target
-        return Event(op, level, Outcome.CAST, rule.action, rule.default, why, input_dtypes(args, kwargs),
-                     compute, tuple(casts), args, kwargs)
+        return Event(op=op, level=level, outcome=Outcome.CAST, action=rule.action, default=rule.default, reason=why,
+                     inputs=input_dtypes(args, kwargs), compute=compute, casts=casts, args=args, kwargs=kwargs)
     # every floating input on the device is float64
-    return Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, "float64",
-                 input_dtypes(args, kwargs), first_floating(out), (), args, kwargs)
+    return Event(op=op, level=level, outcome=Outcome.INELIGIBLE, action=rule.action, default=rule.default,
+                 reason="float64", inputs=input_dtypes(args, kwargs), compute=first_floating(out), casts=(),
+                 args=args, kwargs=kwargs)
 
 
 def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
@@ -328,8 +327,9 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
         _native_set_dtype(device, dtype_was)
     observer = frame.region.observer
     if observer is not None:
-        _notify(observer, Event(op, level, Outcome.NATIVE, None, None, None, input_dtypes(args, kwargs),
-                                first_floating(out), (), args, kwargs))
+        _notify(observer, Event(op=op, level=level, outcome=Outcome.NATIVE, action=None, default=None, reason=None,
+                                inputs=input_dtypes(args, kwargs), compute=first_floating(out), casts=(), args=args,
+                                kwargs=kwargs))
     return out
 
 
@@ -341,7 +341,8 @@ def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
         out = _op_function(op)(*args, **kwargs)
         observer = frame.region.observer
         if observer is not None:
-            observer(Event(op, level, Outcome.INELIGIBLE, rule.action, rule.default, reason,
-                           input_dtypes(args, kwargs), first_floating(out), (), args, kwargs))
+            observer(Event(op=op, level=level, outcome=Outcome.INELIGIBLE, action=rule.action, default=rule.default,
+                           reason=reason, inputs=input_dtypes(args, kwargs), compute=first_floating(out), casts=(),
+                           args=args, kwargs=kwargs))
         return out
 

@@ -1,14 +1,16 @@
 """Regions and frames: what casting reads in the current context, the frame stack.
 
-A ``Region`` is what one entry of an ``HpuAutocastMode`` asked for and owns; ``push`` / ``pop``
-make its frame the calling context's innermost and take it off, ``innermost`` / ``current`` /
+A ``Region`` is what one entry of an ``HpuAutocastMode`` asked for, a value; its ``Open`` is what
+its frames share while it is open. ``push`` / ``close`` make its frame the calling context's
+innermost and (``close``, ``pop``) take it off, ``innermost`` / ``current`` /
 ``observing`` read the casting state there, and ``replace_innermost`` changes it (a
 ``torch.autocast`` inside a region). The stack knows nothing of the kernels, the C++ core or the
 patches of torch: a region's entry and exit around it are ``entry``'s.
 
 [Note: regions, frames, contexts]
-A ``Region`` is one entry of an ``HpuAutocastMode``. A ``Frame`` is what casting reads in one
-context: the innermost region and the on/off state and dtype that ``torch.autocast`` calls made
+A ``Region`` is what one entry of an ``HpuAutocastMode`` asked for (immutable), its ``Open`` the
+region while open (its cast cache, its thread, whether it closed). A ``Frame`` is what casting
+reads in one context: the innermost region and the on/off state and dtype that ``torch.autocast`` calls made
 inside it. Frames are immutable and linked to their parent; the context variable ``_FRAME``
 holds the innermost, so regions belong to the context that entered them: a thread, or an
 asyncio task (each task runs in a copy of its creator's context). Exiting a region closes it;
@@ -32,59 +34,70 @@ from ..policies.rules import eligibility
 from .compiled import CompiledPolicy, OpRule
 from ..events import Event
 
-__all__ = ["Region", "Frame", "State", "OFF", "current", "observing", "innermost", "push", "nest", "pop",
-           "replace_innermost", "native_devices", "keep_policy_off", "GUARD", "TAG"]
+__all__ = ["Region", "ask", "Open", "Frame", "State", "OFF", "current", "observing", "innermost", "push", "nested",
+           "close", "pop", "replace_innermost", "native_devices", "policy_off", "GUARD", "TAG"]
 
 _EMPTY: Dict[int, OpRule] = {}
 _thread = threading.local()  # per thread: the cell stashed for autograd's threads (inherited)
 
 
-class Region:
-    """One entry of an ``HpuAutocastMode``: what it asked for, and what it owns while open."""
+class Region(NamedTuple):
+    """What one entry of an ``HpuAutocastMode`` asked for, as the region runs it: an immutable
+    value (``ask`` makes one; a disabled region nested in a policy's is that policy's opt-out,
+    another value: ``nested``). What an open region shares with its frames is its ``Open``; what
+    its entry took and its exit gives back is ``entry``'s record."""
 
-    __slots__ = ("compiled", "rules", "dtype", "device_type", "enabled", "cache_enabled",
-                 "observer", "observes", "eligible", "cache", "cache_was", "owns_cache", "closed", "switch", "thread",
-                 "native_was_on", "eager", "every_device", "core")
+    compiled: Optional[CompiledPolicy]
+    #: The compiled policy's rules by ``id(op)`` when enabled (``_EMPTY`` otherwise).
+    rules: Dict[int, OpRule]
+    dtype: torch.dtype
+    device_type: str
+    enabled: bool
+    cache_enabled: bool
+    observer: Optional[Callable[[Event], None]]
+    #: Whether the fallback must see this region's calls (to observe them, or for defaults).
+    observes: bool
+    #: Whether a tensor is one this region may cast (``rules.eligibility``: the one rule).
+    eligible: Callable[[torch.Tensor], bool]
+    #: Whether a disabled region turns torch's own autocast off on every device (``disable_casts``),
+    #: not only on ``device_type``.
+    every_device: bool
 
-    def __init__(self, compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str,
-                 enabled: bool, cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None,
-                 every_device: bool = False) -> None:
-        self.compiled = compiled
-        self.rules = compiled.by_id if enabled and compiled is not None else _EMPTY
-        self.dtype = dtype
-        self.device_type = device_type
-        #: Whether a tensor is one this region may cast (``rules.eligibility``: the one rule).
-        self.eligible = eligibility(device_type)
-        self.enabled = enabled
-        self.cache_enabled = cache_enabled
-        self.observer = observer
-        #: Whether the fallback must see this region's calls (to observe them, or for defaults).
-        self.observes = enabled and (observer is not None or (compiled is not None and compiled.has_defaults))
-        self.cache = None  # the outermost region's, or a new one (at the entry)
-        self.owns_cache = True
-        #: torch's cache flag at the entry (put back when this region exits innermost).
-        self.cache_was = True
+
+def ask(compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str, enabled: bool,
+        cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None, every_device: bool = False) -> Region:
+    """The ``Region`` a mode asks for (the rules, observation and eligibility follow from the rest)."""
+    return _new(Region, (compiled, compiled.by_id if enabled and compiled is not None else _EMPTY, dtype, device_type,
+                         enabled, cache_enabled, observer,
+                         enabled and (observer is not None or (compiled is not None and compiled.has_defaults)),
+                         eligibility(device_type), every_device))
+
+
+_new = tuple.__new__  # a NamedTuple's own __new__ is a Python function over this: once per region
+
+
+class Open:
+    """A region while it is open, as every frame of it shares it: the cast cache (the outermost
+    region's, shared by every region nested in it, as torch.autocast's), the thread it opened in,
+    and whether it has closed (frames of closed regions are skipped wherever they are linked).
+    The one thing of the frame stack that changes: ``close`` sets ``closed``."""
+
+    __slots__ = ("cache", "thread", "closed")
+
+    def __init__(self, cache: object) -> None:
+        self.cache = cache
+        self.thread = threading.get_ident()
         self.closed = False
-        self.switch: Optional[_dispatch.ThreadSwitch] = None
-        self.thread = 0
-        #: Whether a disabled region turns torch's own autocast off on every device (``disable_casts``),
-        #: not only on ``device_type``.
-        self.every_device = every_device
-        #: The device types whose torch autocast was on at the entry (it is suspended meanwhile).
-        self.native_was_on: Tuple[str, ...] = ()
-        #: Whether this region holds compiled code to eager (it observes; see _compile_guard).
-        self.eager = False
-        #: The C++ core's state for this region while open (``None``: the Python kernels decide).
-        self.core = None
 
 
 class Frame:
     """The casting state of one context (immutable: replaced, never changed)."""
 
-    __slots__ = ("region", "parent", "enabled", "dtype", "lower", "rules")
+    __slots__ = ("region", "open", "parent", "enabled", "dtype", "lower", "rules")
 
-    def __init__(self, region: Region, parent: Optional["Frame"], enabled: bool, dtype: torch.dtype) -> None:
+    def __init__(self, region: Region, open: Open, parent: Optional["Frame"], enabled: bool, dtype: torch.dtype) -> None:
         self.region = region
+        self.open = open
         self.parent = parent
         self.enabled = enabled
         self.dtype = dtype
@@ -138,7 +151,7 @@ def _set_frame(frame: Optional[Frame]) -> None:
 
 
 def _open(frame: Optional[Frame]) -> Optional[Frame]:
-    while frame is not None and frame.region.closed:
+    while frame is not None and frame.open.closed:
         frame = frame.parent
     return frame
 
@@ -147,7 +160,7 @@ def _inherited() -> Optional[Frame]:
     # Only in another thread than the frame's own: in its own thread, the context decides.
     cell = _torch.tls_stashed()
     frame = cell.frame if cell is not None else None
-    return _open(frame) if frame is not None and frame.region.thread != threading.get_ident() else None
+    return _open(frame) if frame is not None and frame.open.thread != threading.get_ident() else None
 
 
 def innermost() -> Optional[Frame]:
@@ -157,11 +170,11 @@ def innermost() -> Optional[Frame]:
     frame = _get_frame()
     if frame is None:
         return _inherited()
-    if frame.region.thread != threading.get_ident():
+    if frame.open.thread != threading.get_ident():
         # A context copied into another thread (asyncio.to_thread, contextvars' run): the region's
         # keys are on in its own thread only, so it does not cast here, and its guards say so.
         return _inherited()
-    return _open(frame) if frame.region.closed else frame
+    return _open(frame) if frame.open.closed else frame
 
 
 class State(NamedTuple):
@@ -193,45 +206,34 @@ def observing() -> bool:
     return frame is not None and frame.region.observer is not None
 
 
-def push(region: Region, parent: Optional[Frame]) -> Frame:
-    """Make ``region`` the calling context's innermost frame, nested in ``parent`` (the innermost
-    before it, ``None`` for the thread's outermost, which stashes the thread's cell first)."""
+def push(region: Region, open: Open, parent: Optional[Frame]) -> Frame:
+    """Make the open ``region`` the calling context's innermost frame, nested in ``parent`` (the
+    innermost before it, ``None`` for the thread's outermost, which stashes the thread's cell first)."""
     if parent is None:
         _stashed_cell()
-    frame = Frame(region, parent, region.enabled, region.dtype)
+    frame = Frame(region, open, parent, region.enabled, region.dtype)
     _set_frame(frame)
     return frame
 
 
-def nest(region: Region, parent: Frame) -> None:
-    """What a region opening inside ``parent`` takes from it: as torch.autocast, one cast cache for
-    the outermost region and all nested in it; a disabled one with no policy is ``parent``'s opt-out."""
-    region.cache = parent.region.cache
-    region.owns_cache = False
-    if region.compiled is None and not region.enabled:
-        _opt_out_of(parent, region)
-
-
-def _opt_out_of(parent: Frame, region: Region) -> None:
-    """A disabled region (``disable_casts()``) inside a region with a policy for its device is
-    that region's opt-out, as a ``torch.autocast(enabled=False)`` inside it is: it keeps the
-    region's policy, dtype and cache, switched off, so what native autocast keeps through an
-    opt-out is kept too: a ``torch.autocast`` nested in it with no dtype takes the region's, turns
-    the region's casting back on, and shares its cast cache; a checkpoint there recomputes under it."""
+def nested(region: Region, parent: Frame) -> Region:
+    """``region`` as it runs opening inside ``parent``: a disabled one with no policy inside a
+    region with a policy for its device is that region's opt-out, as a ``torch.autocast(enabled=False)``
+    inside it is: it keeps the region's policy, dtype and cache setting, switched off, so what native
+    autocast keeps through an opt-out is kept too: a ``torch.autocast`` nested in it with no dtype
+    takes the region's, turns the region's casting back on, and shares its cast cache (as every
+    nested region does: ``parent.open.cache``); a checkpoint there recomputes under it."""
     outer = parent.region
-    if outer.compiled is None or outer.device_type != region.device_type:
-        return
-    keep_policy_off(region, outer.compiled, parent.dtype, outer.cache_enabled)
+    if region.compiled is not None or region.enabled or outer.compiled is None or outer.device_type != region.device_type:
+        return region
+    return policy_off(region, outer.compiled, parent.dtype, outer.cache_enabled)
 
 
-def keep_policy_off(region: Region, compiled: CompiledPolicy, dtype: torch.dtype, cache_enabled: bool) -> None:
-    """Make the disabled ``region`` an opt-out of ``compiled``: it holds the policy, its dtype and
+def policy_off(region: Region, compiled: CompiledPolicy, dtype: torch.dtype, cache_enabled: bool) -> Region:
+    """The disabled ``region`` as an opt-out of ``compiled``: it holds the policy, its dtype and
     cache setting, switched off, and a ``torch.autocast`` inside it turns those rules back on
-    (``_opt_out_of``; a checkpoint's recomputation in an opt-out, ``_torch_autocast``)."""
-    region.compiled = compiled
-    region.rules = compiled.by_id
-    region.dtype = dtype
-    region.cache_enabled = cache_enabled
+    (``nested``; a checkpoint's recomputation in an opt-out, ``_torch_autocast``)."""
+    return region._replace(compiled=compiled, rules=compiled.by_id, dtype=dtype, cache_enabled=cache_enabled)
 
 
 def native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
@@ -240,12 +242,17 @@ def native_devices(k: "_dispatch.Keys") -> Tuple[str, ...]:
     return tuple(d for d in NATIVE_AUTOCAST_HERE if d not in (k.ops_device, k.all_device))
 
 
-def pop(region: Region) -> bool:
-    """Take the closed ``region``'s frame off the calling context if it is the innermost there
-    (the next open frame below becomes it); whether it was. A region closed out of order leaves
-    the context's frame: closed regions' frames are skipped wherever they are still linked."""
+def close(open: Open) -> None:
+    """Close the region held by ``open``: its frames are skipped from now on, wherever they are linked."""
+    open.closed = True
+
+
+def pop(open: Open) -> bool:
+    """Take the closed region's frame off the calling context if it is the innermost there (the
+    next open frame below becomes it); whether it was. A region closed out of order leaves the
+    context's frame: closed regions' frames are skipped wherever they are still linked."""
     frame = _get_frame()
-    if frame is None or frame.region is not region:
+    if frame is None or frame.open is not open:
         return False
     _set_frame(_open(frame.parent))
     return True
@@ -257,7 +264,7 @@ def replace_innermost(enabled: bool, dtype: torch.dtype) -> Optional[Frame]:
     frame = innermost()
     if frame is None:
         return None
-    frame = Frame(frame.region, frame.parent, enabled, dtype)
+    frame = Frame(frame.region, frame.open, frame.parent, enabled, dtype)
     _set_frame(frame)
     return frame
 

@@ -163,8 +163,8 @@ def clear_autocast_cache() -> None:
     A ``torch.autocast`` nested in a region does not reach here at its exit: the region counts in
     torch's autocast nesting (``_regions.enter``), so only an explicit call clears it."""
     frame = _regions.innermost()
-    if frame is not None and frame.region.cache is not None:
-        frame.region.cache.clear()
+    if frame is not None and frame.open.cache is not None:
+        frame.open.cache.clear()
     _real["clear_autocast_cache"]()
 
 
@@ -199,8 +199,7 @@ def recompute_in_region(fn: Callable) -> Callable:
         # (``_engine.entry``'s steps, which ``_engine.enter`` takes too; this module is below it):
         # backward runs after the forward's region exited, so this one may be the process's only
         # open region again.
-        region = _region_of(state, opt_out)
-        _entry.enter(region, _kernels.keys(), acquire, release)
+        entered = _entry.enter(_region_of(state, opt_out), _kernels.keys(), acquire, release)
         try:
             was = _set_native(native)
             try:
@@ -213,7 +212,7 @@ def recompute_in_region(fn: Callable) -> Callable:
             finally:
                 _set_native(was)
         finally:
-            _entry.exit(region, release)
+            _entry.exit(entered, release)
 
     return recompute
 
@@ -264,15 +263,13 @@ def _region_of(state: _regions.State, opt_out: Optional[tuple] = None) -> _regio
     forward's opt-out (``_opt_out_here``) if it ran in one, else a disabled one for the device of
     the innermost region here (else ``cpu``)."""
     if state.enabled:
-        return _regions.Region(compile_policy(state.policy), state.dtype, state.device_type, True,
-                               state.cache_enabled)
+        return _regions.ask(compile_policy(state.policy), state.dtype, state.device_type, True, state.cache_enabled)
     if opt_out is not None:
         compiled, dtype, device_type, cache_enabled = opt_out
-        region = _regions.Region(None, dtype, device_type, False, cache_enabled)
-        _regions.keep_policy_off(region, compiled, dtype, cache_enabled)
-        return region
+        return _regions.policy_off(_regions.ask(None, dtype, device_type, False, cache_enabled), compiled, dtype,
+                                   cache_enabled)
     frame = _regions.innermost()
-    return _regions.Region(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
+    return _regions.ask(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
 
 
 #: The generator non-reentrant ``checkpoint`` calls (its name changed in torch 2.14: ``_torch``).

@@ -51,7 +51,7 @@ from typing import Callable, Dict
 from .. import _torch
 from . import regions as _regions
 from .compiled import policy_serial
-from ..policies.presets import get_preset
+from ..policies.builder import get_preset
 
 __all__ = ["PATCHED", "install", "restore"]
 

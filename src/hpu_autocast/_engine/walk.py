@@ -5,16 +5,16 @@ casts, last to first, through the cast cache."""
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 
-from .cast_cache import CAST, cached_cast
+from .cast_cache import CAST, cached_cast, cast_to
 from .regions import Frame
 from .._torch import autocast_cache_enabled as _cache_on
 from .._facts.devices import tensor_on
 from .compiled import OpRule
+from ..events import Cast
 
 __all__ = ["cast_inputs", "inputs", "positions", "reached"]
 
@@ -34,14 +34,16 @@ def inputs(rule: OpRule, args: tuple, kwargs: dict,
 
 
 def cast_inputs(frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: Optional[torch.dtype],
-                casts: Optional[list]) -> Tuple[int, list, dict]:
+                observe: bool) -> Tuple[int, list, dict, Tuple[Cast, ...]]:
     """The one walk: cast the call's eligible inputs to ``target`` (``None``: none; through the
-    cast cache); returns how many were eligible and the arguments with the casts in place. An
-    argument the op writes is never replaced by a copy (its write would be lost); it still counts."""
+    cast cache); returns how many were eligible, the arguments with the casts in place, and, when
+    ``observe``, the casts made, in argument order (else ``()``). An argument the op writes is
+    never replaced by a copy (its write would be lost); it still counts."""
     region = frame.region
     is_eligible = region.eligible
     if target is None:  # nothing to cast (the dtype policies; PROMOTE with no input eligible)
-        return sum(1 for _, _, t in inputs(rule, args, kwargs, region.device_type) if is_eligible(t)), args, kwargs
+        eligible = sum(1 for _, _, t in inputs(rule, args, kwargs, region.device_type) if is_eligible(t))
+        return eligible, args, kwargs, ()
     walk, slots, names = rule.walk, list(args), ()
     if walk is not None and len(args) < len(walk):  # positions(), its lookup written out: the cast op's path
         where = walk[len(args)]
@@ -50,13 +52,14 @@ def cast_inputs(frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: O
         names = [i for i in where if type(i) is str]
         where = [i for i in where if type(i) is int] + list(range(-len(names), 0))
         slots += [kwargs[n] for n in names]
-    cast, protected, eligible = CAST.get(target) or functools.partial(_Tensor.to, dtype=target), rule.protected, 0
+    cast, protected, eligible = CAST.get(target) or cast_to(target), rule.protected, 0
+    made: Optional[list] = [] if observe else None  # the casts, in the walk's order (reversed at the end)
     # Note [the order of casts]: native casts an op's arguments last to first (they are the
     # arguments of one C++ call, which GCC, torch's Linux compiler, evaluates right to left), so
     # the last argument's ToCopyBackward comes first and autograd runs it last; where one tensor
     # is cast for several arguments, its gradient's float32 sums follow that order. So the
     # arguments are cast last to first too (a list's items in order, as native's loop casts
-    # them), and the events list the casts in argument order.
+    # them), and the events list the casts in argument order (``made``, reversed).
     for i in reversed(where):
         a = slots[i]
         if isinstance(a, _Tensor):
@@ -64,37 +67,35 @@ def cast_inputs(frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: O
                 continue
             eligible += 1
             if a.dtype is not target and not (protected and i in protected):
-                if a.requires_grad or casts is not None:  # cached_cast's first test: else no entry, no report
-                    a = _cached(frame, a, target, cast, casts, rule.arg_names[i] if i >= 0 else names[i])
+                if a.requires_grad or observe:  # cached_cast's first test: else no entry, no report
+                    a = _cached(frame, a, target, made, rule.arg_names[i] if i >= 0 else names[i])
                 else:
                     a = cast(a)
                 slots[i] = a
         elif type(a) is list or type(a) is tuple:
             eligible += _cast_list(frame, slots, i, rule.arg_names[i] if i >= 0 else names[i], i in protected,
-                                   target, cast, casts)
+                                   target, made)
+    casts = tuple(reversed(made)) if made else ()
     if names:
-        return eligible, slots[:len(args)], {**kwargs, **dict(zip(names, slots[len(args):]))}
-    return eligible, slots, kwargs
+        return eligible, slots[:len(args)], {**kwargs, **dict(zip(names, slots[len(args):]))}, casts
+    return eligible, slots, kwargs, casts
 
 
-def _cached(frame: Frame, t: torch.Tensor, target: torch.dtype, cast: Callable, casts: Optional[list],
-            arg: str) -> torch.Tensor:
-    """``t`` cast through the cast cache (``cached_cast``), its cast put first in ``casts``."""
-    cache = frame.region.cache if _cache_on() else None
-    mine = [] if casts is not None else None
-    copy = cached_cast(t, t.dtype, target, cast, cache, mine, arg, target is frame.lower)
-    if mine:
-        casts[0:0] = mine
+def _cached(frame: Frame, t: torch.Tensor, target: torch.dtype, made: Optional[list], arg: str) -> torch.Tensor:
+    """``t`` cast through the region's cast cache (``cached_cast``: casts to its lower dtype only,
+    while torch's cache flag is on), its cast recorded in ``made`` when observed."""
+    copy, hit = cached_cast(t, target, frame.open.cache if target is frame.lower and _cache_on() else None)
+    if made is not None:
+        made.append(Cast(arg, t.dtype, target, copy.numel() * target.itemsize, hit, t))
     return copy
 
 
-def _cast_list(frame: Frame, slots: list, i: int, name: str, written: bool, target: torch.dtype, cast: Callable,
-               casts: Optional[list]) -> int:
+def _cast_list(frame: Frame, slots: list, i: int, name: str, written: bool, target: torch.dtype,
+               made: Optional[list]) -> int:
     """``cast_inputs`` for a list argument ``name`` (``cat``'s tensors), its items in order:
     ``slots[i]`` becomes a list of the same type with the eligible items cast (none where the op
     writes it); returns how many were eligible."""
     is_eligible, items = frame.region.eligible, slots[i]
-    mine = [] if casts is not None else None
     copies, eligible = None, 0
     for j, t in enumerate(items):
         if not (isinstance(t, _Tensor) and is_eligible(t)):
@@ -103,11 +104,9 @@ def _cast_list(frame: Frame, slots: list, i: int, name: str, written: bool, targ
         if t.dtype is target or written:
             continue
         copies = copies or list(items)
-        copies[j] = _cached(frame, t, target, cast, mine, f"{name}[{j}]")
+        copies[j] = _cached(frame, t, target, made, f"{name}[{j}]")
     if copies is not None:
         slots[i] = type(items)(copies)
-    if mine:
-        casts[0:0] = mine
     return eligible
 
 

@@ -26,10 +26,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import gaudi_check as _gaudi_check, report_command as _report_cli, tune_command as _tune_cli
 from .report_command import Parser, UsageError
-from ..policies.builder import (DEFAULT_PRESET, ENV_FP32, ENV_LOWER, as_policy, bridge_findings, check_findings, pair_findings, policy_from_bridge_files,
-                                policy_from_files, read_list)
+from ..policies.builder import as_policy, get_preset, policy_from_bridge_files, policy_from_files
+from ..policies.gaudi import (DEFAULT_PRESET, ENV_FP32, ENV_LOWER, bridge_findings, check_findings, pair_findings,
+                              read_list)
 from ..policies.policy import CastPolicy, Policy
-from ..policies.presets import get_preset, preset_names
+from ..policies.presets import preset_names
 from ..policies.names import PolicyError, resolve
 
 __all__ = ["build_parser", "main", "policy_rows", "render_policy", "policies_markdown"]
@@ -78,7 +79,7 @@ def _notes(policy: Policy) -> List[str]:
         notes.append("names this torch lacks: " + ", ".join(f"`{n}`" for n in record.missing))
     if policy.explicit_dtype == "cast":
         notes.append("explicit dtype: a call passing `dtype=` is cast as any other (as the native or bridge kernels do)")
-    if policy.c_names_only:
+    if record.c_names_only:
         notes.append("list names apply as on Gaudi: C++ function names of functional ops only")
     for name, list_name, why in record.ignored:
         notes.append(f"ignored, as on Gaudi: `{name}` on the {list_name} list ({why})")
@@ -171,7 +172,7 @@ def _check_gaudi_pair(lower: Optional[str], fp32: Optional[str]) -> int:
 
 def _check_as_gaudi(files: Sequence[str], lower: Optional[str] = None, fp32: Optional[str] = None) -> int:
     """``check --gaudi``: what Gaudi's bridge would do with each file, every finding an error
-    (builder's Note: list files as Gaudi's bridge reads them); two files, or ``--lower`` and/or
+    (gaudi's Note: list files as Gaudi's bridge reads them); two files, or ``--lower`` and/or
     ``--fp32``, are also read together as the lower and the FP32 file (``_check_gaudi_pair``)."""
     if len(files) == 2 and lower is None and fp32 is None:
         lower, fp32 = files

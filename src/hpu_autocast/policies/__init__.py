@@ -1,5 +1,6 @@
 """Policies: what a region casts, as data. The ``Policy`` value and its ``CastPolicy`` kinds
-(``policy``), names made overloads (``names``), the dtype rules (``rules``), the one builder
-(``_build``) and the presets it builds (``presets``), policies from what a user names
-(``builder``), and a policy compiled for the kernels (``_table``), over the facts about ATen's
-operators and the devices they read (``_ops``, ``_devices``)."""
+(``policy``), names made overloads (``names``), the dtype rules (``rules``), the fp8 scaling
+recipes (``recipes``), how Gaudi's bridge reads names, list files, its variables and
+``gaudi_config.json`` (``gaudi``), the presets as data (``presets``), and the one builder, from
+names, presets, files and configurations to a ``Policy`` (``builder``), over the facts about
+ATen's operators and the devices (``_facts``)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 from typing import List, Optional, Tuple, Union
 
 
@@ -23,7 +24,7 @@ from .._facts import ops as _ops
 from .. import _torch
 from .._torch import OpOverload
 
-__all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "describe", "is_python_name", "resolve", "suggestions"]
+__all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "Entry", "describe", "user_stacklevel", "is_python_name", "resolve", "suggestions"]
 
 #: Python-level spellings used by the seed documents and by HMP/Gaudi list files, mapped to
 #: ATen packet names. A tuple maps to several packets. None of them is itself the name of an
@@ -67,6 +68,8 @@ PYTHON_ALIASES = {
 #: from a JSON document or a dict, (file or None, key) with the key as a string
 #: (``"autocast_bf16_ops[3]"``).
 Source = Tuple[Optional[str], Optional[Union[int, str]]]
+#: An op name and where it came from (``Source`` or ``None``), as lists hold them for messages.
+Entry = Tuple[str, Optional[Source]]
 
 
 class PolicyError(ValueError):
@@ -88,6 +91,18 @@ def describe(name: str, source: Optional[Source] = None) -> str:
     """``'mm' (lower.txt, line 3)``, ``'mm' (gaudi_config.json, key autocast_bf16_ops[3])`` or
     ``'mm' (dict key autocast_bf16_ops[3])``: a name and where it came from, for messages."""
     return f"{name!r}{_where(source)}"
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` called by the caller of this function
+    point at the first frame outside this package: the user's line, however deep the package's
+    own calls go (Python 3.12's ``skip_file_prefixes``, for every Python this package runs on).
+    The builder's and Gaudi's readers warn about names so."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = _torch.caller_frame(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,9 +1,9 @@
 """Cast policies as plain, frozen data: a table from ``OpOverload`` to ``CastPolicy``.
 
 A ``Policy`` knows nothing about how casting happens, nor about op names: the engine reads
-it, ``hpu_autocast.builder`` builds it from names (with ``_build``'s builders, which resolve
-them through ``hpu_autocast.policies.names``), and ``hpu_autocast.policies.presets`` says which names make each
-preset. What a build let go of is its ``BuildRecord``, kept beside the value.
+it, ``hpu_autocast.policies.builder`` builds it from names (which resolve through
+``hpu_autocast.policies.names``), and ``hpu_autocast.policies.presets`` says which names make each
+preset. How a policy was built is its ``BuildRecord``, kept beside the value.
 """
 
 from __future__ import annotations
@@ -125,11 +125,12 @@ def _overload(key: object, where: str) -> OpOverload:
 
 @dataclass(frozen=True)
 class BuildRecord:
-    """What building a policy let go of: the names of its source lists that it does not apply.
+    """How a policy was built: what its build let go of, and what a rebuild from it needs.
 
-    The builder attaches one to each policy it builds (``Policy.record``); ``hpu-autocast
-    policy`` and ``docs/policies.md`` print it. It is a record of how a policy was made, not part
-    of what the policy does: two policies that differ only in their records are equal.
+    The builder attaches one to each policy it builds (``Policy.record``); ``with_lists`` and
+    ``Policy.edit`` read it to resolve new names as the policy's own were resolved, and ``hpu-autocast
+    policy`` and ``docs/policies.md`` print it. It is a record of how a policy was made, not part of
+    what the policy does: two policies that differ only in their records are equal.
     """
 
     #: Names from the source lists that this torch does not have.
@@ -141,11 +142,32 @@ class BuildRecord:
     #: left on no list, as ``(overload name, the kind it had)``, in table order: a region of the
     #: policy warns of them once (``builder.as_policy``).
     dropped: tuple = ()
+    #: Every op of the promote list, also those a lower or FP32 entry overrides: when a user
+    #: replaces the lower list (``with_lists``), an op it no longer names falls back to promote.
+    promoted: frozenset = frozenset()
+    #: The list names were applied as Gaudi's bridge applies them, C++ function names of
+    #: functional ops only (the ``hpu`` preset); ``with_lists`` and ``edit`` apply new names so too.
+    c_names_only: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dropped", tuple(map(tuple, self.dropped)))
         object.__setattr__(self, "missing", tuple(self.missing))
         object.__setattr__(self, "ignored", tuple(map(tuple, self.ignored)))
+        promoted = frozenset(self.promoted)
+        for op in promoted:
+            _overload(op, "BuildRecord: promoted")
+        object.__setattr__(self, "promoted", promoted)
+
+    def __reduce__(self):
+        # Overloads travel by qualified name, as in Policy.__reduce__.
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["promoted"] = sorted(map(_ops.qualified_name, self.promoted))
+        return (_record_from_names, (state,))
+
+
+def _record_from_names(state: dict) -> BuildRecord:
+    """The inverse of ``BuildRecord.__reduce__``."""
+    return BuildRecord(**{**state, "promoted": frozenset(map(_ops.overload_named, state["promoted"]))})
 
 
 @dataclass(frozen=True)
@@ -159,9 +181,9 @@ class Policy:
     region. ``dtypes`` are the lower-precision dtypes the policy accepts.
 
     A policy is a value: equal policies hash alike, and it survives ``copy.deepcopy`` and
-    ``pickle`` (overloads travel by qualified name). Its ``record`` (a ``BuildRecord``: what its
-    build let go of, read as ``missing`` and ``ignored``) travels with it but is not part of
-    the value: it takes no part in equality, hashing, or the key compiled code is guarded on.
+    ``pickle`` (overloads travel by qualified name). Its ``record`` (a ``BuildRecord``: how it
+    was built, read as ``missing``, ``ignored``, ``promoted`` and ``c_names_only``) travels with it
+    but is not part of the value: it takes no part in equality, hashing, or the key compiled code is guarded on.
     """
 
     name: str
@@ -174,9 +196,6 @@ class Policy:
     unlisted: Optional[CastPolicy] = None
     #: Applied to in-place ops not in the table (HMP: ``FIRST``); ``None`` leaves them alone.
     inplace: Optional[CastPolicy] = None
-    #: Every op of the promote list, also those a lower or FP32 entry overrides: when a user
-    #: replaces the lower list, an op it no longer names falls back to promote.
-    promoted: frozenset = frozenset()
     #: The device type a region of this policy casts by default: "cpu" (torch-cpu), "cuda"
     #: (torch-cuda), "xpu" (xpu); ``None`` means the device the package runs on, which the
     #: mode resolves (hpu, hmp, hmp-O2).
@@ -185,9 +204,6 @@ class Policy:
     #: (``"AutocastCPU"`` for torch-cpu): an op registered there that the table does not name
     #: (a custom op of ``torch.library.register_autocast``) is left to that kernel.
     native: Optional[str] = None
-    #: Apply only list names that are C++ function names of functional ops, as Gaudi's bridge
-    #: does (the ``hpu`` preset); ``with_lists`` keeps this for the lists it is given.
-    c_names_only: bool = False
     #: What a call passing a ``torch.dtype`` to a LOWER, FP32, PROMOTE or FIRST op gets:
     #: ``"leave"`` (runs unchanged) or ``"cast"`` (cast as any other call); see ``EXPLICIT_DTYPE``.
     explicit_dtype: str = "leave"
@@ -199,7 +215,8 @@ class Policy:
     #: GEMMs an fp8 region runs in bfloat16 all the same (``tune`` moves a GEMM here before it moves
     #: anything to float32); the region's other GEMMs run in fp8. No effect in other regions.
     bf16_gemms: frozenset = frozenset()
-    #: What the build let go of (``BuildRecord``); not part of the value.
+    #: How the policy was built (``BuildRecord``: what its build let go of, the promote list and
+    #: the name rule a rebuild needs); not part of the value.
     record: BuildRecord = field(default=BuildRecord(), compare=False, repr=False)
     _hash: int = field(default=0, init=False, repr=False, compare=False)
     #: Set by ``_table.policy_serial`` (0: none yet); not part of the value.
@@ -213,7 +230,7 @@ class Policy:
         banned = {_overload(k, f"Policy {self.name!r}: banned key"): v for k, v in self.banned.items()}
         object.__setattr__(self, "table", MappingProxyType(table))
         object.__setattr__(self, "banned", MappingProxyType(banned))
-        for name in ("input_only", "promoted", "bf16_gemms"):
+        for name in ("input_only", "bf16_gemms"):
             ops = frozenset(getattr(self, name))
             for op in ops:
                 _overload(op, f"Policy {self.name!r}: {name}")
@@ -249,6 +266,16 @@ class Policy:
         """The list names this policy does not apply, as ``(name, list, why)`` (``record.ignored``)."""
         return self.record.ignored
 
+    @property
+    def promoted(self) -> frozenset:
+        """Every op of the promote list its build was given (``record.promoted``)."""
+        return self.record.promoted
+
+    @property
+    def c_names_only(self) -> bool:
+        """Whether its lists were applied as Gaudi's bridge applies them (``record.c_names_only``)."""
+        return self.record.c_names_only
+
     def __reduce__(self):
         # Note: torch cannot pickle an OpOverload ("pybind11 ... is not pickleable"), so a
         # policy travels with its overloads' qualified names and finds them again on load
@@ -258,7 +285,6 @@ class Policy:
         state["table"] = {name(op): a for op, a in self.table.items()}
         state["banned"] = {name(op): m for op, m in self.banned.items()}
         state["input_only"] = sorted(map(name, self.input_only))
-        state["promoted"] = sorted(map(name, self.promoted))
         state["bf16_gemms"] = sorted(map(name, self.bf16_gemms))
         return (_from_names, (state,))
 
@@ -281,7 +307,7 @@ class Policy:
         Raises ``PolicyError`` for an unknown name (with the closest valid ones), for an op named
         under two kinds (naming both entries), and for a kind an op cannot take.
         """
-        from ._build import edit_policy  # Note: the names live above this data module
+        from .builder import edit_policy  # Note: the names live above this data module
 
         return edit_policy(self, name=name, lower=lower, fp32=fp32, fp32_set_opt_dtype=fp32_set_opt_dtype,
                            fp32_append_dtype=fp32_append_dtype, promote=promote, first=first, unlisted=unlisted)
@@ -314,5 +340,4 @@ def _from_names(state: dict) -> Policy:
                      "table": {op(k): a for k, a in state["table"].items()},
                      "banned": {op(k): m for k, m in state["banned"].items()},
                      "input_only": frozenset(map(op, state["input_only"])),
-                     "promoted": frozenset(map(op, state["promoted"])),
                      "bf16_gemms": frozenset(map(op, state.get("bf16_gemms", ())))})

@@ -27,7 +27,8 @@ from .._torch import OpOverload
 from .._facts import ops as _ops
 from .. import mode as _mode
 from ..policies.policy import CastPolicy, Policy
-from ..policies.presets import get_preset, preset_names
+from ..policies.builder import get_preset
+from ..policies.presets import preset_names
 from ..policies.recipes import AMAX_COMPUTE, WEIGHT_GRAD, Delayed, Rowwise, Tensorwise, is_fp8, supports
 
 __all__ = ["policies", "eligible_tensors", "inputs_for", "model_inputs", "module_maps", "ELIGIBLE_DTYPES"]

@@ -536,29 +536,29 @@ size_t register_kernel(const std::string& ns, const std::string& name, const std
   return index;
 }
 
-// One rule from its row (``_core._row``).
-Rule make_rule(const py::tuple& t) {
+// One rule from its row, a ``_core.CoreRule`` (a NamedTuple): each field read once, by its name.
+Rule make_rule(const py::handle& row) {
   Rule rule;
-  rule.action = static_cast<Action>(t[1].cast<int>());
-  rule.input_only = t[2].cast<bool>();
-  rule.composite = t[3].cast<bool>();
-  rule.kinds = t[4].cast<std::vector<int8_t>>();
-  rule.dtype_args = t[5].cast<std::vector<int>>();
-  rule.leave_explicit = t[6].cast<bool>();
-  const auto redispatch = t[7].cast<std::pair<std::string, std::string>>();
+  rule.action = static_cast<Action>(row.attr("action").cast<int>());
+  rule.input_only = row.attr("input_only").cast<bool>();
+  rule.composite = row.attr("composite").cast<bool>();
+  rule.kinds = row.attr("kinds").cast<std::vector<int8_t>>();
+  rule.dtype_args = row.attr("dtype_args").cast<std::vector<int>>();
+  rule.leave_explicit = row.attr("leave_explicit").cast<bool>();
+  const auto redispatch = row.attr("redispatch").cast<std::pair<std::string, std::string>>();
   if (!redispatch.first.empty()) {
     rule.redispatch = c10::Dispatcher::singleton().findSchemaOrThrow(redispatch.first.c_str(), redispatch.second.c_str());
   }
   return rule;
 }
 
+// A table from its rows (``_core.CoreRule``s), each at its op's index.
 std::shared_ptr<Table> make_table(const py::list& rows) {
   auto table = std::make_shared<Table>();
-  for (const auto& item : rows) {
-    auto t = item.cast<py::tuple>();
-    const size_t index = t[0].cast<size_t>();
+  for (const auto& row : rows) {
+    const size_t index = row.attr("index").cast<size_t>();
     if (table->rules.size() <= index) table->rules.resize(index + 1);
-    table->rules[index] = make_rule(t);
+    table->rules[index] = make_rule(row);
   }
   return table;
 }

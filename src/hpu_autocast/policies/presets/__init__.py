@@ -1,5 +1,6 @@
-"""The preset registry: each preset is a data module, holding the op names of one source
-document, and the options ``build_policy`` (``hpu_autocast.policies._build``) builds it with. The rules a
+"""The preset registry, as data: each preset is a data module, holding the op names of one source
+document, and the options ``build_policy`` builds it with (``PRESETS``; ``builder.get_preset``
+builds a preset by name). The rules a
 document states and the quirks of torch versions (names a build lacks, overloads it registers
 for an autocast dispatch key) are options here, never part of the data modules.
 
@@ -13,16 +14,14 @@ for an autocast dispatch key) are options here, never part of the data modules.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Dict, List, Mapping
 
 import torch
 
-from .._build import build_policy
-from ..policy import CastPolicy, Policy
+from ..policy import CastPolicy
 from . import gaudi_autocast, gaudi_hmp, torch_amp_cpu, torch_amp_cuda, xpu_amp
 
-__all__ = ["PRESETS", "get_preset", "preset_names"]
+__all__ = ["PRESETS", "preset_names"]
 
 #: Gaudi's dtypes. Seed 000 (and seed 001 for HMP) says float16 is not supported; Gaudi's bridge
 #: takes a region's dtype from torch.get_autocast_dtype("hpu") whatever it is, and Gaudi 2 and
@@ -47,7 +46,7 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
         lower=gaudi_autocast.LOWER, fp32=gaudi_autocast.FP32, promote=gaudi_autocast.PROMOTE,
         input_only=gaudi_autocast.INPUT_ONLY, dtypes=FP8_DTYPES, tolerate_missing=True,
         # What Gaudi's bridge does with its lists: C++ names of functional ops only, so the
-        # document's iadd and truediv do nothing (builder's Note: what Gaudi's bridge applies).
+        # document's iadd and truediv do nothing (gaudi's Note: what Gaudi's bridge applies).
         c_names_only=True, warn_ignored=False,
         # The bridge's Hpu_WrapFunction_ (hpu_ops/autocast_helpers.h) casts every eligible tensor
         # of a listed op whatever its other arguments: softmax(x, dtype=float32) reads x in bfloat16.
@@ -93,14 +92,4 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
 def preset_names() -> List[str]:
     """The names ``get_preset`` and ``HpuAutocastMode(policy=...)`` accept, sorted."""
     return sorted(PRESETS)
-
-
-@functools.lru_cache(maxsize=None)
-def get_preset(name: str) -> Policy:
-    """The preset policy called ``name``; ``ValueError`` naming the valid presets otherwise."""
-    try:
-        options = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown policy preset {name!r}; valid presets: {', '.join(preset_names())}") from None
-    return build_policy(name, **options)
 
