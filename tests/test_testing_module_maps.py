@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import _real_models
 from hpu_autocast import HpuAutocastMode, first_last
 from hpu_autocast.module_map import parse_modules
-from hpu_autocast.policies.presets import get_preset
+from hpu_autocast import get_preset
 from hpu_autocast.testing import (Kind, PolicyViolation, assert_follows_policy, check_policy, module_maps,
                                   watch_policy)
 from hpu_autocast.testing._check import MAPPED, Watch
