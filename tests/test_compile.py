@@ -10,6 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import warnings
 
 import pytest
@@ -180,6 +181,52 @@ def test_once_dynamo_is_loaded_it_skips_the_whole_package():
     from hpu_autocast._engine import kernels
     for module in (hpu_autocast, mode, module_map, kernels):
         assert trace_rules.check_file(module.__file__).skipped, module.__name__
+
+
+def test_a_step_compiled_under_one_policy_is_not_served_under_another():
+    # AOTAutograd's cache keyed the graph by Dynamo's graph and torch's autocast answers, which two
+    # bfloat16 policies share: the graph compiled under torch-cpu (mm in bfloat16) was served to
+    # a region whose policy leaves mm unlisted (float32). Note [AOTAutograd's cache and a region].
+    lists = hpu_autocast.get_preset("torch-cpu")
+    policies = (lists, lists.edit(unlisted=["mm"], name="torch-cpu-no-mm"))
+    w, x = torch.randn(8, 8), torch.randn(4, 8)
+
+    def f(x):
+        return torch.mm(x, w) + 1
+
+    for policy in policies:
+        torch._dynamo.reset()
+        with HpuAutocastMode(policy=policy, device_type="cpu"):
+            got, eager = torch.compile(f, backend="inductor")(x), f(x)
+        assert got.dtype == eager.dtype, policy.name
+        torch.testing.assert_close(got, eager)
+
+
+def test_aotautograds_cache_is_off_in_a_regions_thread_and_put_back_exactly():
+    from torch._functorch import config
+
+    if not hasattr(config, "enable_autograd_cache"):
+        pytest.skip("this torch has no AOTAutograd cache")
+    override = getattr(config._config["enable_autograd_cache"], "user_override", None)
+    before = override.get() if hasattr(override, "get") else config.enable_autograd_cache
+    seen = []
+
+    def in_another_thread():
+        other = threading.Thread(target=lambda: seen.append(config.enable_autograd_cache))
+        other.start()
+        other.join()
+        return seen.pop()
+
+    elsewhere = in_another_thread()
+    with HpuAutocastMode(policy="torch-cpu", device_type="cpu"):
+        with HpuAutocastMode(policy="hpu", device_type="cpu"):
+            seen.append(config.enable_autograd_cache)
+        seen.append(config.enable_autograd_cache)
+        seen.append(in_another_thread())  # its own context: its own value (process-wide: off)
+    per_context = hasattr(override, "get")
+    assert seen == [False, False, elsewhere if per_context else False]
+    after = override.get() if per_context else config.enable_autograd_cache
+    assert after is before
 
 
 def test_an_observing_region_runs_compiled_code_eagerly_so_it_sees_each_call():

@@ -46,7 +46,7 @@ _native_set_enabled = _torch.set_native_autocast_enabled
 _increment_nesting = _torch.increment_autocast_nesting
 _decrement_nesting = _torch.decrement_autocast_nesting
 _clear_native_cache = _torch.clear_native_autocast_cache
-_thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was)
+_thread = threading.local()  # per thread: torch's cache flag before its first region (cache_was), AOT's cache
 
 
 class Entered(Open):
@@ -152,8 +152,9 @@ def _hold(entered: Entered, k: _dispatch.Keys) -> None:
     if region.observer is not None:
         entered.eager = _compile_guard.observing_opened()
     entered.cache_was = _cache_on()
-    if switch.ops == 1:
-        _thread.cache_was = entered.cache_was  # the first region open in this thread: torch's flag before
+    if switch.ops == 1:  # the first region open in this thread
+        _thread.cache_was = entered.cache_was  # torch's flag before
+        _thread.aot_cache = _torch.autograd_cache_off()  # Note [AOTAutograd's cache and a region]
     if region.compiled is not None:
         # As torch.autocast's entry: torch's cache flag says what this region caches (the kernels
         # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).
@@ -225,6 +226,9 @@ def _close(entered: Entered, pushed: bool = True) -> None:
     # thread's last region, what it was before its first.
     if switch.ops == 0:
         _set_cache_on(_thread.cache_was)
+        restore, _thread.aot_cache = getattr(_thread, "aot_cache", None), None
+        if restore is not None:
+            restore()
     elif innermost_exits:
         _set_cache_on(entered.cache_was)
 
