@@ -75,9 +75,9 @@ class Config:
     steps: int
 
 
-#: An H200 (141 GB): about 330M parameters (5.3 GB with AdamW's state) and, in bfloat16,
-#: activations and logits of 16k tokens: 20-30 GB at peak.
-FULL = Config(d_model=2048, layers=4, heads=16, seq=2048, batch=8, vocab=32768, warmup=5, steps=20)
+#: An H200 (141 GB): 440M parameters (7 GB with their gradients and AdamW's state) and, in
+#: bfloat16, activations and logits of 16k tokens: about 20-25 GB at peak (estimated).
+FULL = Config(d_model=2048, layers=6, heads=16, seq=2048, batch=8, vocab=32768, warmup=5, steps=20)
 SMOKE = Config(d_model=64, layers=1, heads=4, seq=32, batch=2, vocab=128, warmup=1, steps=2)
 
 
@@ -161,8 +161,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_variant(name: str, base: nn.Module, c: Config, device: str, backend: str, torchao) -> Dict[str, object]:
-    """One variant: a fresh copy of ``base``, compiled, ``c.warmup`` steps then ``c.steps`` timed."""
+def time_variant(name: str, base: nn.Module, c: Config, device: str, backend: str, torchao,
+                 bf16_loss: Optional[float] = None) -> Dict[str, object]:
+    """One variant: a fresh copy of ``base``, compiled, ``c.warmup`` steps then ``c.steps`` timed.
+    An fp8 variant whose first loss is ``bf16_loss`` (the bf16 region's) ran no fp8: it raises."""
     model = copy.deepcopy(base).to(device).train()
     region = _variant(name, model, device, torchao)
     params = list(model.parameters())
@@ -205,6 +207,9 @@ def time_variant(name: str, base: nn.Module, c: Config, device: str, backend: st
             times_ms.append((time.perf_counter() - t0) * 1e3)
     losses.append(loss.item())
     median = statistics.median(times_ms)
+    if name.startswith("fp8") and bf16_loss is not None and losses[0] == bf16_loss:
+        raise RuntimeError(f"the first loss {losses[0]!r} equals the bf16 region's to the last bit: its GEMMs did not "
+                           "run in fp8 (a compiled graph of the bf16 region served again?)")
     return {
         "ms_per_step": median,
         "step_ms": times_ms,
@@ -278,7 +283,8 @@ def run(c: Config, device: str, backend: str, budget_s: float, only: Sequence[st
             continue
         log(f"  {name} ...")
         try:
-            variants[name] = time_variant(name, base, c, device, backend, torchao)
+            bf16_loss = variants.get("bf16", {}).get("loss_first")
+            variants[name] = time_variant(name, base, c, device, backend, torchao, bf16_loss)
         except Exception as e:  # recorded and printed, and the exit status says so: never silent
             variants[name] = {"error": f"{type(e).__name__}: {e}"}
             log(f"  {name}: FAILED: {type(e).__name__}: {e}")
@@ -354,6 +360,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     backend = args.backend or ("eager" if args.smoke else "inductor")
     with contextlib.ExitStack() as stack:
+        import torch._functorch.config
+
+        if hasattr(torch._functorch.config, "enable_autograd_cache"):
+            # Note: AOTAutograd's cache keys a graph by Dynamo's graph, which is the same under a
+            # bf16 and an fp8 region (the region is not in it): with it on, an fp8 variant after
+            # the bf16 one (in this process, or in an earlier one through the on-disk cache) got
+            # the bf16 region's compiled step, bf16's loss to the last bit (torch 2.13, inductor).
+            stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
         if device == "cpu":
             threads = torch.get_num_threads()
             stack.callback(torch.set_num_threads, threads)

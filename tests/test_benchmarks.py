@@ -255,6 +255,13 @@ def test_fp8_gpu_says_why_it_cannot_run(monkeypatch, tmp_path, capsys):
         "skipped": "torchao is not importable (ModuleNotFoundError: No module named 'torchao')"}
     assert "comparing bf16 and fp8 only" in capsys.readouterr().out
     assert "SKIPPED: torchao is not importable" in fp8_gpu.format_table(results)
+    # An fp8 variant whose first loss is the bf16 region's to the last bit ran no fp8 GEMM (as when
+    # AOTAutograd's cache served the bf16 region's graph): it raises, and is recorded FAILED.
+    torch.manual_seed(0)
+    base = fp8_gpu.Decoder(fp8_gpu.SMOKE)
+    own = fp8_gpu.time_variant("fp8-tensorwise", base, fp8_gpu.SMOKE, "cpu", "none", None)["loss_first"]
+    with pytest.raises(RuntimeError, match="equals the bf16 region's to the last bit"):
+        fp8_gpu.time_variant("fp8-tensorwise", base, fp8_gpu.SMOKE, "cpu", "none", None, bf16_loss=own)
     # --budget-s: a variant is not started once the budget is spent.
     results = fp8_gpu.run(fp8_gpu.SMOKE, "cpu", "none", -1.0, ("bf16",), log=lambda line: None)
     assert results["variants"]["bf16"]["skipped"].startswith("the budget of -1 s was spent") and results["ratios"] == {}
