@@ -190,6 +190,9 @@ def time_variant(name: str, base: nn.Module, c: Config, device: str, backend: st
     start = time.perf_counter()
     losses.append(step().item())  # the first step compiles
     first_s = time.perf_counter() - start
+    if name.startswith("fp8") and bf16_loss is not None and losses[0] == bf16_loss:
+        raise RuntimeError(f"the first loss {losses[0]!r} equals the bf16 region's to the last bit: its GEMMs did not "
+                           "run in fp8 (a compiled graph of the bf16 region served again?)")
     for _ in range(c.warmup - 1):
         step()
     times_ms: List[float] = []
@@ -207,9 +210,6 @@ def time_variant(name: str, base: nn.Module, c: Config, device: str, backend: st
             times_ms.append((time.perf_counter() - t0) * 1e3)
     losses.append(loss.item())
     median = statistics.median(times_ms)
-    if name.startswith("fp8") and bf16_loss is not None and losses[0] == bf16_loss:
-        raise RuntimeError(f"the first loss {losses[0]!r} equals the bf16 region's to the last bit: its GEMMs did not "
-                           "run in fp8 (a compiled graph of the bf16 region served again?)")
     return {
         "ms_per_step": median,
         "step_ms": times_ms,

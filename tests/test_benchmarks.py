@@ -271,3 +271,11 @@ def torch_cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_fp8_figures_on_a_cpu_say_emulated(smoke_results):
+    # On a CPU the fp8 regions multiply dequantized float32 matrices: the ratio is the
+    # emulation's cost, and its label says so (it read "fp8 / bf16 region" before).
+    _, results = smoke_results
+    labels = [f["label"] for f in results["figures"] if f["workload"].startswith("fp8.")]
+    assert labels == ["32-wide linear fwd+bwd, fp8 emulated / bf16 region", "transformer step, fp8 emulated / bf16 region"]
