@@ -243,10 +243,11 @@ def test_fp8_gpu_says_why_it_cannot_run(monkeypatch, tmp_path, capsys):
         assert "no CUDA device" in capsys.readouterr().err
     import torch
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100")
-    assert fp8_gpu.main(["--out", str(tmp_path)]) == 2
+    with monkeypatch.context() as m:  # (undone before the CPU runs below: a CUDA build would believe it)
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+        m.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100")
+        assert fp8_gpu.main(["--out", str(tmp_path)]) == 2
     assert "NVIDIA A100 has compute capability 8.0, which has no fp8 GEMMs; accepted: 8.9" in capsys.readouterr().err
     # Without torchao the torchao variants are skipped, each with its line, and the rest runs.
     monkeypatch.setattr(fp8_gpu, "_torchao", lambda: "ModuleNotFoundError: No module named 'torchao'")
