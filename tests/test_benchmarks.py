@@ -205,3 +205,78 @@ def test_unusable_device_is_an_error(capsys):
         pytest.skip("CUDA is present")
     assert main(["--smoke", "--device", "cuda"]) == 2
     assert "cuda" in capsys.readouterr().err
+
+
+# -- benchmarks/fp8_gpu.py: issue 38's GPU step, prepared for a session lent a GPU ------------------
+@pytest.mark.engine_independent  # checks the script's machinery; the engines' fp8 has its own tests
+# Expected: Dynamo, tracing the step in a region, touches torch.jit.script_method (as in test_compile).
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_fp8_gpu_smoke_runs_every_variant_and_writes_json(tmp_path, capsys):
+    pytest.importorskip("torchao")
+    from benchmarks import fp8_gpu
+
+    assert fp8_gpu.main(["--smoke", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "fp8_gpu.json").read_text())
+    assert set(results) == {"machine", "settings", "variants", "ratios", "wall_s"}
+    assert list(results["variants"]) == list(fp8_gpu.ORDER) and results["settings"]["backend"] == "eager"
+    for name, v in results["variants"].items():
+        assert v["ms_per_step"] > 0 and len(v["step_ms"]) == fp8_gpu.SMOKE.steps, name
+        assert math.isfinite(v["loss_first"]) and math.isfinite(v["loss_last"]), name
+    v = results["variants"]
+    # The same first step, so the same loss where the same numbers are computed: the bf16 region
+    # and native bf16 autocast; fp8 (ours and torchao's, the same recipe) differs from bf16 and
+    # lies near torchao's (the rest of the step is bf16 in both, but not cast alike).
+    assert v["bf16"]["loss_first"] == v["native-bf16"]["loss_first"]
+    for recipe in ("tensorwise", "rowwise"):
+        assert v[f"fp8-{recipe}"]["loss_first"] != v["bf16"]["loss_first"]
+        assert v[f"fp8-{recipe}"]["loss_first"] == pytest.approx(v[f"torchao-{recipe}"]["loss_first"], rel=1e-3)
+    assert set(results["ratios"]) == {*(f"bf16 / {n} (speed-up)" for n in fp8_gpu.ORDER[1:]),
+                                      "fp8-tensorwise / torchao-tensorwise (time)", "fp8-rowwise / torchao-rowwise (time)"}
+    assert "fp8-rowwise / torchao-rowwise (time)" in capsys.readouterr().out
+
+
+def test_fp8_gpu_says_why_it_cannot_run(monkeypatch, tmp_path, capsys):
+    from benchmarks import fp8_gpu
+
+    if not torch_cuda_available():
+        assert fp8_gpu.main(["--out", str(tmp_path)]) == 2  # no GPU and no --smoke: exit 2, not a silent pass
+        assert "no CUDA device" in capsys.readouterr().err
+    import torch
+
+    with monkeypatch.context() as m:  # (undone before the CPU runs below: a CUDA build would believe it)
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+        m.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100")
+        assert fp8_gpu.main(["--out", str(tmp_path)]) == 2
+    assert "NVIDIA A100 has compute capability 8.0, which has no fp8 GEMMs; accepted: 8.9" in capsys.readouterr().err
+    # Without torchao the torchao variants are skipped, each with its line, and the rest runs.
+    monkeypatch.setattr(fp8_gpu, "_torchao", lambda: "ModuleNotFoundError: No module named 'torchao'")
+    results = fp8_gpu.run(fp8_gpu.SMOKE, "cpu", "none", 60.0, ("bf16", "torchao-tensorwise"), log=print)
+    assert results["variants"]["torchao-tensorwise"] == {
+        "skipped": "torchao is not importable (ModuleNotFoundError: No module named 'torchao')"}
+    assert "comparing bf16 and fp8 only" in capsys.readouterr().out
+    assert "SKIPPED: torchao is not importable" in fp8_gpu.format_table(results)
+    # An fp8 variant whose first loss is the bf16 region's to the last bit ran no fp8 GEMM (as when
+    # AOTAutograd's cache served the bf16 region's graph): it raises, and is recorded FAILED.
+    torch.manual_seed(0)
+    base = fp8_gpu.Decoder(fp8_gpu.SMOKE)
+    own = fp8_gpu.time_variant("fp8-tensorwise", base, fp8_gpu.SMOKE, "cpu", "none", None)["loss_first"]
+    with pytest.raises(RuntimeError, match="equals the bf16 region's to the last bit"):
+        fp8_gpu.time_variant("fp8-tensorwise", base, fp8_gpu.SMOKE, "cpu", "none", None, bf16_loss=own)
+    # --budget-s: a variant is not started once the budget is spent.
+    results = fp8_gpu.run(fp8_gpu.SMOKE, "cpu", "none", -1.0, ("bf16",), log=lambda line: None)
+    assert results["variants"]["bf16"]["skipped"].startswith("the budget of -1 s was spent") and results["ratios"] == {}
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_fp8_figures_on_a_cpu_say_emulated(smoke_results):
+    # On a CPU the fp8 regions multiply dequantized float32 matrices: the ratio is the
+    # emulation's cost, and its label says so (it read "fp8 / bf16 region" before).
+    _, results = smoke_results
+    labels = [f["label"] for f in results["figures"] if f["workload"].startswith("fp8.")]
+    assert labels == ["32-wide linear fwd+bwd, fp8 emulated / bf16 region", "transformer step, fp8 emulated / bf16 region"]

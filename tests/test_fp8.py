@@ -6,6 +6,7 @@ autocast runs, and a hand-quantized ``torch._scaled_mm`` control."""
 import copy
 import dataclasses
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -344,6 +345,23 @@ def test_torch_compile_in_an_fp8_region_gives_eagers_values():
         (cgx,) = torch.autograd.grad(compiled.float().sum(), x)
     torch._dynamo.reset()
     assert torch.equal(compiled, eager) and torch.equal(cgx, gx)
+
+
+def test_torch_compile_in_an_fp8_region_of_a_bf16_policy_warns_nothing():
+    # Dynamo restores torch's autocast state around each compilation: set_autocast_dtype of the
+    # bfloat16 an fp8 region answers. Under torch-cpu (dtypes bfloat16, float16: fp8 through its
+    # bfloat16) that restore warned "torch.autocast asked for torch.float8_e4m3fn inside a region
+    # of policy 'torch-cpu'", twice a compilation (found by benchmarks/fp8_gpu.py --smoke).
+    net, x = _net()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with HpuAutocastMode(FP8, policy="torch-cpu", device_type="cpu"):
+            eager = net(x)
+            torch._dynamo.reset()
+            compiled = torch.compile(net, backend="eager")(x)
+    torch._dynamo.reset()
+    assert [str(w.message) for w in caught if "hpu_autocast" in str(w.message)] == []
+    assert torch.equal(compiled, eager)
 
 
 def test_the_report_shows_the_recipe_beside_the_fp8_dtype():

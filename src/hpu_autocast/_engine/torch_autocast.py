@@ -147,7 +147,9 @@ def set_autocast_dtype(*args, **kwargs) -> None:
     if dtype is cast_dtype(frame.dtype):  # an fp8 region's answer to get_autocast_dtype: its own dtype
         dtype = frame.dtype
     policy = frame.region.compiled.policy
-    if dtype not in policy.dtypes:
+    # (an fp8 region's own dtype is not in the dtypes of a policy that takes fp8 through its
+    # bfloat16, torch-cuda's: Dynamo restores bfloat16 around every compilation)
+    if dtype is not frame.dtype and dtype not in policy.dtypes:
         # As torch.autocast disables itself for a dtype its device does not support, with a warning.
         warnings.warn(f"hpu_autocast: torch.autocast asked for {dtype} inside a region of policy "
                       f"{policy.name!r}, which supports {', '.join(map(str, policy.dtypes))}; the region "
