@@ -45,6 +45,7 @@ at each call (``_resolve``), so a model that gains or replaces a submodule is re
 from __future__ import annotations
 
 import fnmatch
+import sys
 import threading
 import warnings
 import weakref
@@ -218,8 +219,8 @@ class _Active:
         if not self.stack:
             if _is_compiled_wrapper(module):
                 return None  # torch.compile(model)'s wrapper: the model it calls is the root
+            self.resolved, names, matched = _resolve(module, self.map)  # may refuse (Note: FSDP2)
             self.root = module
-            self.resolved, names, matched = _resolve(module, self.map)
             self.matched.update(matched)
             self.hook_keywords(module)
             if not self.names:
@@ -314,6 +315,7 @@ def _resolve(root, map_: ModuleMap):
         hit = map_.match(name, selected)
         if hit is not None and mod not in resolved:
             resolved[mod] = (hit[0], name, hit[1])
+    _check_fsdp(named, resolved)
     # Note: the value must not hold the root strongly (it is the weak key): its entry holds the
     # module through a weak proxy of the dict key only, so the root maps under a sentinel.
     if root in resolved:
@@ -322,6 +324,68 @@ def _resolve(root, map_: ModuleMap):
                if (p in selected if p in SELECTORS else any(fnmatch.fnmatchcase(n, p) for n in all_names))}
     got = per_root[map_.key] = (_RootView(root, resolved), names, matched, seen)
     return got[:3]
+
+
+def _fsdp_module_class():
+    """FSDP2's ``FSDPModule`` where torch.distributed's FSDP2 is imported (else no module can be
+    one): ``torch.distributed.fsdp`` (torch >= 2.6), ``torch.distributed._composable.fsdp`` before."""
+    for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        cls = getattr(sys.modules.get(name), "FSDPModule", None)
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
+def _fsdp_param_dtype(module) -> Optional[torch.dtype]:
+    """The dtype FSDP2 gathers the parameters of ``module`` (an ``FSDPModule``) in for the forward:
+    its ``MixedPrecisionPolicy.param_dtype`` (``None``: as they are). Read from FSDP2's state, a
+    private attribute; where a torch has it elsewhere, ``None``."""
+    try:
+        return module._get_fsdp_state()._mp_policy.param_dtype
+    except (AttributeError, TypeError):
+        return None
+
+
+def _check_fsdp(named, resolved) -> None:
+    """[Note: FSDP2] ``fully_shard`` keeps a model's module names (it changes the modules' class
+    and adds hooks of their own, no wrapper module), so a map reads them as they are. Its hooks
+    run after the map's (a module's own hooks follow the global ones): a module mapped to float32
+    gets its inputs cast to float32 and casting off, then FSDP2 gathers its parameters and, with a
+    ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``, casts them and the inputs to bfloat16:
+    the module would compute in bfloat16 with no word. That is refused when the names are resolved,
+    naming the module, the ``fully_shard``ed module whose policy gathers its parameters (the
+    innermost around them) and the fix. A lower dtype, a policy or ``off`` is not refused: those
+    compute in whatever the parameters are gathered in, as without FSDP2."""
+    fsdp = _fsdp_module_class()
+    if fsdp is None or not any(o.kind == "fp32" for _, _, o in resolved.values()):
+        return
+    by_name: Dict[str, object] = {}
+    for name, mod in named:
+        by_name.setdefault(name, mod)
+    for module, (pattern, name, override) in resolved.items():
+        if override.kind != "fp32":
+            continue
+        for sub_name, sub in module.named_modules(prefix=name):
+            if next(sub.parameters(recurse=False), None) is None:
+                continue
+            parts = sub_name.split(".") if sub_name else []
+            for depth in range(len(parts), -1, -1):  # the innermost fully_shard around ``sub``
+                owner_name = ".".join(parts[:depth])
+                owner = by_name.get(owner_name)
+                if isinstance(owner, fsdp):
+                    break
+            else:
+                continue
+            dtype = _fsdp_param_dtype(owner)
+            if isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize < 4:
+                shown = repr(owner_name) if owner_name else "the model"
+                raise ValueError(
+                    f"HpuAutocastMode(modules=...): {pattern!r} maps module {name or '(the model)'!r} to float32, "
+                    f"but FSDP2 gathers its parameters in {str(dtype).replace('torch.', '')} "
+                    f"(fully_shard({shown}, mp_policy=MixedPrecisionPolicy(param_dtype={dtype}))), so it "
+                    f"would compute in {str(dtype).replace('torch.', '')}. Give it a fully_shard of its own "
+                    f"with MixedPrecisionPolicy(param_dtype=torch.float32) (before its parent's), or map it "
+                    f"to {dtype} (docs/modules.md, FSDP2)")
 
 
 def _is_linear(module) -> bool:
