@@ -7,8 +7,6 @@ their parameters are ``DTensor``s gathered by FSDP2's own forward pre-hooks and 
 post-hooks, gradients are reduce-scattered. The oracle is the same model unsharded, under the
 same map, bit for bit."""
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
