@@ -56,6 +56,17 @@ FIGURES = (
     ("compiled.transformer", "compiled transformer step / native", "compiled.transformer", "ours", "native"),
     ("fp8.linear", "{fp8_width}-wide linear fwd+bwd, {fp8} / bf16 region", "fp8.linear", "fp8", "bf16"),
     ("fp8.transformer", "transformer step, {fp8} / bf16 region", "fp8.transformer", "fp8", "bf16"),
+    # module maps (issue 37): a map's hooks against the same region without a map
+    ("map.mlp.one", "12 Linear(16) fwd, map of 1 module / no map", "map.mlp", "map-one", "ours"),
+    ("map.mlp.none", "12 Linear(16) fwd, map matching none / no map", "map.mlp", "map-none", "ours"),
+    ("map.mlp.native", "12 Linear(16) fwd, map of 1 module / native", "map.mlp", "map-one", "native"),
+    ("map.mlp-grad.one", "12 Linear(16) fwd+bwd, map of 1 / no map", "map.mlp-grad", "map-one", "ours"),
+    ("map.mlp-grad.none", "12 Linear(16) fwd+bwd, map of none / no map", "map.mlp-grad", "map-none", "ours"),
+    ("map.gpt2.one", "tiny GPT-2 fwd, map of lm_head / no map", "map.gpt2", "map-one", "ours"),
+    ("map.gpt2.none", "tiny GPT-2 fwd, map matching none / no map", "map.gpt2", "map-none", "ours"),
+    ("map.gpt2.native", "tiny GPT-2 fwd, map of lm_head / native", "map.gpt2", "map-one", "native"),
+    ("map.gpt2-grad.one", "tiny GPT-2 fwd+bwd, map of 1 / no map", "map.gpt2-grad", "map-one", "ours"),
+    ("map.gpt2-grad.none", "tiny GPT-2 fwd+bwd, map of none / no map", "map.gpt2-grad", "map-none", "ours"),
 )
 
 # The issue's targets, stated for CPU; other devices are reported, not judged. All are ratios
@@ -69,9 +80,12 @@ TARGETS: Dict[str, Dict[str, float]] = {
 #: Timed in this order: the ``hpu`` region registers that preset's kernels (``add`` among them)
 #: for the life of the process, and a compiled step imports Dynamo; neither should reach the
 #: eager workloads before them (docs/performance.md, "Order").
+#: The module-map GPT-2 workloads come after the compiled step: transformers imports Dynamo.
 WORKLOADS = ("op.passthrough", "op.cast", "fwd.mlp", "loop.linear", "loop.linear-grad", "loop.mm",
+             "map.mlp", "map.mlp-grad",
              "step.transformer", "step.cnn", "step.mlp",
-             "compiled.transformer", "fp8.linear", "fp8.transformer", "region", "op.passthrough-after-hpu",
+             "compiled.transformer", "map.gpt2", "map.gpt2-grad",
+             "fp8.linear", "fp8.transformer", "region", "op.passthrough-after-hpu",
              "first.region")
 
 
@@ -113,20 +127,23 @@ def settings_for(mode: str, rounds: Optional[int] = None, only: Optional[Sequenc
         iters = {"op.passthrough": 2000, "op.cast": 1000, "fwd.mlp": 20, "loop.linear": 20, "loop.linear-grad": 10,
                  "loop.mm": 50, "region": 1000, "step.transformer": 1,
                  "step.cnn": 10, "step.mlp": 10, "compiled.transformer": 5, "first.region": 3,
-                 "op.passthrough-after-hpu": 2000, "fp8.linear": 1, "fp8.transformer": 1}
+                 "op.passthrough-after-hpu": 2000, "fp8.linear": 1, "fp8.transformer": 1,
+                 "map.mlp": 20, "map.mlp-grad": 10, "map.gpt2": 10, "map.gpt2-grad": 5}
         return Settings(rounds or 15, 1, iters, FULL, mode, keep, {"step.transformer": 7, "fp8.linear": 3,
                                                                    "fp8.transformer": 3})
     if mode == "quick":
         iters = {"op.passthrough": 500, "op.cast": 300, "fwd.mlp": 5, "loop.linear": 5, "loop.linear-grad": 3,
                  "loop.mm": 15, "region": 300, "step.transformer": 1,
                  "step.cnn": 4, "step.mlp": 5, "compiled.transformer": 2, "first.region": 1,
-                 "op.passthrough-after-hpu": 500, "fp8.linear": 1, "fp8.transformer": 1}
+                 "op.passthrough-after-hpu": 500, "fp8.linear": 1, "fp8.transformer": 1,
+                 "map.mlp": 10, "map.mlp-grad": 5, "map.gpt2": 5, "map.gpt2-grad": 2}
         return Settings(rounds or 7, 1, iters, QUICK, mode, keep, {"step.transformer": 3, "fp8.transformer": 2})
     if mode == "smoke":
         iters = {"op.passthrough": 20, "op.cast": 20, "fwd.mlp": 1, "loop.linear": 1, "loop.linear-grad": 1,
                  "loop.mm": 2, "region": 20, "step.transformer": 1,
                  "step.cnn": 1, "step.mlp": 1, "compiled.transformer": 1, "first.region": 1,
-                 "op.passthrough-after-hpu": 20, "fp8.linear": 1, "fp8.transformer": 1}
+                 "op.passthrough-after-hpu": 20, "fp8.linear": 1, "fp8.transformer": 1,
+                 "map.mlp": 1, "map.mlp-grad": 1, "map.gpt2": 1, "map.gpt2-grad": 1}
         return Settings(rounds or 2, 1, iters, SMOKE, mode, keep)
     raise ValueError(f"unknown mode {mode!r}")
 
@@ -135,6 +152,8 @@ def _variants(workload: str, backend: Backend, dtype: torch.dtype, settings: Set
     if workload == "op.passthrough-after-hpu":
         return workloads.passthrough_after_hpu_variants(backend, dtype, settings.scale)
     kind, name = workload.split(".", 1) if "." in workload else (workload, "")
+    if kind == "map":
+        return workloads.map_variants(name, backend, dtype, settings.scale)
     if kind == "fp8":
         return workloads.fp8_variants(name, backend, settings.scale_of(workload, backend.name))
     if kind == "op":
@@ -204,6 +223,7 @@ def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype =
     timings: Dict[str, Timings] = {}
     compiled: Optional[Dict[str, object]] = None
     first: Optional[Dict[str, object]] = None
+    module_calls: Dict[str, int] = {}
     for workload in settings.workloads:
         if progress:
             print(f"  {workload} ...", file=sys.stderr, flush=True)
@@ -217,6 +237,11 @@ def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype =
             losses = step.losses()  # compiles both variants' graphs
             compiled = {"backend": compiler, "loss": losses, "loss_equal": losses["ours"] == losses["native"]}
             variants = step.variants()
+        elif workload.startswith("map."):
+            mapped = _variants(workload, backend, dtype, settings)
+            if mapped is None:  # the GPT-2 one without transformers
+                continue
+            variants, module_calls[workload] = mapped.variants, mapped.module_calls
         else:
             variants = _variants(workload, backend, dtype, settings)
         timings[workload] = interleave(variants, rounds=settings.rounds_of(workload), iters=settings.iters[workload],
@@ -248,9 +273,23 @@ def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype =
         "medians_ms": {wl: {v: t.median_ms(v) for v in t.rounds} for wl, t in timings.items()},
         "compiled": compiled,
         "first_region": first,
+        "module_maps": _module_map_costs(timings, module_calls),
         "figures": [{**asdict(f), "verdict": f.verdict} for f in figures],
         "wall_s": round(time.perf_counter() - started, 2),
     }
+
+
+def _module_map_costs(timings: Dict[str, Timings], module_calls: Dict[str, int]) -> Dict[str, object]:
+    """Per module-map workload: the modules one forward calls, and what each map variant adds
+    over the region without a map, in microseconds per module call (medians' difference over
+    the calls; ``map-one``'s includes its one override region)."""
+    out: Dict[str, object] = {}
+    for wl, calls in module_calls.items():
+        t = timings[wl]
+        out[wl] = {"module_calls": calls,
+                   "us_per_module": {v: round((t.median_ms(v) - t.median_ms("ours")) * 1e3 / calls, 3)
+                                     for v in workloads.MAP_VARIANTS}}
+    return out
 
 
 def _fmt_ms(ms: float) -> str:
@@ -307,7 +346,12 @@ def format_table(results: Dict[str, object]) -> str:
         lines.append(f"  first region: ours {first['ours']['s']:.3f} s, native {first['native']['s']:.3f} s "
                      f"(median of {len(first['ours']['runs_s'])} processes); torch._dynamo imported by it: "
                      f"{'yes' if first['ours']['dynamo_imported'] else 'no'}")
-    columns = [v for v in workloads.VARIANTS + workloads.FP8_VARIANTS
+    maps = results.get("module_maps")
+    if maps:
+        lines.append("  module maps, added per module call over a region without a map: " + "; ".join(
+            f"{wl} ({c['module_calls']} modules) " + ", ".join(f"{v} {us:+.2f} us" for v, us in c["us_per_module"].items())
+            for wl, c in maps.items()))
+    columns = [v for v in workloads.VARIANTS + workloads.MAP_VARIANTS + workloads.FP8_VARIANTS
                if any(v in med for med in results["medians_ms"].values())]
     lines += ["", f"{'median per iteration':<26}" + "".join(f"{v:>12}" for v in columns)]
     for wl, med in results["medians_ms"].items():

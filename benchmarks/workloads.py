@@ -31,7 +31,8 @@ from .harness import Runner
 __all__ = ["Backend", "Scale", "FULL", "SMOKE", "NoOpFunctionMode", "NoOpDispatchMode", "backend_for",
            "resolve_device", "op_variants", "passthrough_after_hpu_variants", "mlp_forward_variants",
            "region_variants", "Fresh", "fresh_loop_variants", "FRESH_VARIANTS", "step_variants", "CompiledStep", "compile_backend", "first_region", "check_dtype",
-           "cpu_model", "fast_bf16", "MODELS", "VARIANTS"]
+           "cpu_model", "fast_bf16", "MODELS", "VARIANTS",
+           "MAP_VARIANTS", "map_variants"]
 
 # Interleaving order within a round (rotated each round, see harness.interleave). ``ours-hpu``
 # is timed for the region workload only, ``fn-mode`` and ``disp-mode`` not for compiled steps.
@@ -181,13 +182,20 @@ class Scale:
     loop_mm_calls: int = 16
     fp8_width: int = 4096
     fp8_batch: int = 256
+    map_width: int = 16
+    map_depth: int = 12
+    map_batch: int = 4
+    gpt2_embd: int = 32
+    gpt2_layers: int = 2
+    gpt2_seq: int = 16
+    gpt2_batch: int = 2
 
 
 FULL = Scale()
 SMOKE = Scale(op_size=8, fwd_width=8, fwd_depth=3, fwd_batch=4, compiled_d_model=16, compiled_nhead=2,
               compiled_layers=1, compiled_seq=8, compiled_batch=2, d_model=16, nhead=2, layers=1, seq=8, batch=2,
               image=8, mlp_width=8, mlp_depth=3, mlp_batch=4, loop_width=8, loop_depth=3, loop_batch=4, loop_mm=8,
-              loop_mm_calls=4, fp8_width=32, fp8_batch=16)
+              loop_mm_calls=4, fp8_width=32, fp8_batch=16, map_depth=3, gpt2_layers=1, gpt2_seq=8)
 #: ``--quick``: the full figures' workloads, but the fp8 linear 1024 wide on a batch of 256 (issue 38's
 #: measure of the CPU emulation; 4096 wide takes a second a step there).
 QUICK = replace(FULL, fp8_width=1024, fp8_batch=256)
@@ -433,6 +441,100 @@ def fp8_variants(name: str, backend: Backend, scale: Scale) -> Dict[str, Runner]
 
     return {"fp8": _step_runner(model, x, loss_fn, backend, region(torch.float8_e4m3fn)),
             "bf16": _step_runner(model, x, loss_fn, backend, region(torch.bfloat16))}
+
+
+# -- module maps: the hooks' cost (issue 37) ----------------------------------------------------
+#: The module-map workloads time a region without a map (``ours``), with a map that matches one
+#: module (``map-one``) and with one that matches none (``map-none``), and native autocast.
+MAP_VARIANTS = ("map-one", "map-none")
+
+
+class MapWorkload:
+    """What ``map_variants`` returns: the runners, and how many modules one forward calls (the
+    root included: each call enters the map's two hooks), to give the cost per module call."""
+
+    def __init__(self, variants: Dict[str, Runner], module_calls: int) -> None:
+        self.variants = variants
+        self.module_calls = module_calls
+
+
+def _count_module_calls(model: nn.Module, forward: Callable[[], object]) -> int:
+    from torch.nn.modules import module as nn_module
+
+    calls = [0]
+
+    def count(module, args):
+        calls[0] += 1
+
+    handle = nn_module.register_module_forward_pre_hook(count)
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        handle.remove()
+    return calls[0]
+
+
+def map_variants(name: str, backend: Backend, dtype: torch.dtype, scale: Scale) -> Optional[MapWorkload]:
+    """A region per forward (``mlp``, ``gpt2``) or per forward and ``backward()`` after it
+    (``mlp-grad``, ``gpt2-grad``), under ``torch.no_grad()`` for the forward-only ones:
+
+    * ``mlp``: ``map_depth`` x ``Linear(map_width, map_width)`` in an ``nn.Sequential``, a
+      ``map_batch`` x ``map_width`` input; kernels of microseconds, so the cost per module shows;
+      ``map-one`` maps the middle layer to float32;
+    * ``gpt2``: a tiny Hugging Face GPT-2 (``GPT2LMHeadModel``, ``gpt2_layers`` blocks
+      ``gpt2_embd`` wide, built from its config: no download), ``gpt2_batch`` x ``gpt2_seq`` token
+      ids; ``map-one`` maps ``lm_head`` to float32 (``None`` without transformers).
+
+    ``map-none``'s pattern matches no module; its unmatched-pattern warning (once per mode) is
+    silenced. Every variant sees the same model and input."""
+    import warnings
+
+    base, grad = name.split("-")[0], name.endswith("-grad")
+    device = backend.device
+    if base == "mlp":
+        w = scale.map_width
+        model = nn.Sequential(*[nn.Linear(w, w) for _ in range(scale.map_depth)]).to(device)
+        x = torch.randn(scale.map_batch, w, device=device)
+        forward = lambda: model(x)  # noqa: E731
+        one = str(scale.map_depth // 2)
+    elif base == "gpt2":
+        try:
+            from transformers import GPT2Config, GPT2LMHeadModel
+        except ImportError:
+            return None
+        config = GPT2Config(vocab_size=128, n_positions=scale.gpt2_seq, n_embd=scale.gpt2_embd,
+                            n_layer=scale.gpt2_layers, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            bos_token_id=0, eos_token_id=0)
+        model = GPT2LMHeadModel(config).to(device)
+        ids = torch.randint(0, 128, (scale.gpt2_batch, scale.gpt2_seq), device=device)
+        forward = lambda: model(ids).logits  # noqa: E731
+        one = "lm_head"
+    else:
+        raise ValueError(f"unknown module-map workload {name!r}; expected mlp, mlp-grad, gpt2 or gpt2-grad")
+    model.train(grad)
+    params = list(model.parameters())
+    regions = {"ours": lambda: HpuAutocastMode(dtype, policy=backend.policy),
+               "map-one": lambda: HpuAutocastMode(dtype, policy=backend.policy, modules={one: torch.float32}),
+               "map-none": lambda: HpuAutocastMode(dtype, policy=backend.policy,
+                                                   modules={"no_such_module": torch.float32}),
+               "native": _regions(backend, dtype)["native"]}
+
+    def runner(region: Callable[[], ContextManager]) -> Runner:
+        def run(iters: int) -> None:
+            with warnings.catch_warnings(), torch.set_grad_enabled(grad):
+                warnings.simplefilter("ignore")  # map-none's pattern matches nothing, on purpose
+                for _ in range(iters):
+                    with region():
+                        out = forward()
+                    if grad:
+                        out.float().sum().backward()
+                        for p in params:
+                            p.grad = None
+                    backend.end_step()
+        return run
+
+    return MapWorkload({v: runner(r) for v, r in regions.items()}, _count_module_calls(model, forward))
 
 
 # -- a compiled training step -----------------------------------------------------------------

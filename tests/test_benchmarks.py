@@ -21,7 +21,8 @@ def smoke_results(tmp_path_factory):
 
 def test_json_structure(smoke_results):
     _, results = smoke_results
-    assert set(results) == {"machine", "settings", "medians_ms", "compiled", "first_region", "figures", "wall_s"}
+    assert set(results) == {"machine", "settings", "medians_ms", "compiled", "first_region", "module_maps", "figures",
+                            "wall_s"}
     for key in ("platform", "cpu", "fast_bf16", "cores", "torch", "device", "device_name", "threads", "date"):
         assert key in results["machine"], key
     assert results["machine"]["device"] == "cpu"
@@ -39,9 +40,14 @@ def test_json_structure(smoke_results):
         expected = {"region": floors | {"ours-hpu"}, "compiled.transformer": {"ours", "native"},
                     "op.passthrough-after-hpu": {"ours", "native"}, "loop.linear": fresh,
                     "loop.linear-grad": fresh, "loop.mm": fresh,
-                    "fp8.linear": {"fp8", "bf16"}, "fp8.transformer": {"fp8", "bf16"}}.get(workload, floors)
+                    "fp8.linear": {"fp8", "bf16"}, "fp8.transformer": {"fp8", "bf16"},
+                    **{f"map.{m}": {"ours", "map-one", "map-none", "native"}
+                       for m in ("mlp", "mlp-grad", "gpt2", "gpt2-grad")}}.get(workload, floors)
         assert set(variants) == expected, workload
         assert all(math.isfinite(v) and v > 0 for v in variants.values())
+    # module maps: the modules one forward calls (map_depth Linear and their Sequential), the cost per call
+    assert results["module_maps"]["map.mlp"]["module_calls"] == 3 + 1  # SMOKE: map_depth=3
+    assert set(results["module_maps"]["map.gpt2"]["us_per_module"]) == {"map-one", "map-none"}
 
 
 def test_compiled_step_and_first_region_reported(smoke_results):

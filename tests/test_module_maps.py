@@ -488,3 +488,41 @@ def test_a_checkpoint_of_the_whole_model_recomputes_under_the_map(reentrant):
         return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
 
     _assert_same(step(dict(outer, modules=modules)), step(outer, edit=modules))
+
+
+# -- the hot path (docs/performance.md, "Module maps: the hooks' cost") -------------------------
+def test_the_roots_module_walk_is_modules_order_each_module_once():
+    from hpu_autocast.module_map import _module_ids
+
+    shared = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(shared, torch.nn.Sequential(torch.nn.ReLU(), shared), shared)
+    model.add_module("gone", None)  # a None child is skipped, as modules() skips it
+    assert _module_ids(model) == tuple(map(id, model.modules()))
+
+
+def test_a_plain_map_is_parsed_once_and_a_bad_one_raises_each_time():
+    from hpu_autocast.module_map import parse_modules
+
+    plain = {"0": torch.float32, "1": None, "2": "off", "3": BF16}
+    assert parse_modules(dict(plain), BF16) is parse_modules(dict(plain), BF16)
+    assert parse_modules(dict(plain), BF16) is not parse_modules(dict(plain), torch.float16)
+    # a preset is read each time (it may read PT_HPU_AUTOCAST_* files), so such a map is not kept
+    assert parse_modules({"0": "torch-cpu"}, BF16) is not parse_modules({"0": "torch-cpu"}, BF16)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="'0' maps to torch.float64"):
+            parse_modules({"0": torch.float64}, BF16)
+
+
+def test_unmatched_modules_are_not_pushed_and_roots_still_found():
+    # Inside a root only the root and the matched modules are on the map's stack; the model
+    # called twice in one region is a root each time (the stack empties after its forward).
+    from hpu_autocast import module_map
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    depths = []
+    model[1][0].register_forward_pre_hook(lambda m, a: depths.append(len(module_map._ACTIVE.get().stack)) and None)
+    with HpuAutocastMode(BF16, policy="torch-cpu", modules={"1.0": "fp32"}):
+        for _ in range(2):
+            assert model(torch.ones(1, 2)).dtype == torch.float32
+            assert module_map._ACTIVE.get().stack == []
+    assert depths == [2, 2]  # the root and "1.0" itself ("1", unmatched, is not pushed)

@@ -45,6 +45,8 @@ at each call (``_resolve``), so a model that gains or replaces a submodule is re
 from __future__ import annotations
 
 import fnmatch
+import functools
+import sys
 import threading
 import warnings
 import weakref
@@ -114,9 +116,10 @@ class ModuleMap:
 
     entries: Tuple[Tuple[str, Override], ...]
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """A string naming the map exactly (the compile guard's part for it)."""
+        """A string naming the map exactly (the compile guard's part for it; made once per map:
+        it is read at each region's entry and each call of a root)."""
         return ";".join(f"{p}={o.kind}:{o.dtype}:{o.policy.name if o.policy else ''}:"
                         f"{id(o.policy) if o.policy else ''}" for p, o in self.entries)
 
@@ -164,11 +167,33 @@ def _override(pattern: str, value, dtype: torch.dtype) -> Override:
                     f"accepted: {accepted}")
 
 
+#: Parsed maps whose values are all dtypes, ``None`` or the strings below (nothing read from a
+#: preset or the environment), by their items and dtype: a loop that makes its region each step
+#: parses its map once (Note: the hot path). Bounded: cleared when full.
+_parsed: Dict[tuple, ModuleMap] = {}
+_PLAIN_VALUES = ("fp32", "float32", "off")
+
+
 def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -> Optional[ModuleMap]:
     """``modules=`` as a ``ModuleMap`` (``None`` for none or an empty mapping); bad patterns and
     values raise, naming them and what is accepted."""
     if modules is None:
         return None
+    if type(modules) is dict and type(dtype) is torch.dtype:
+        key = (tuple(modules.items()), dtype)
+        if all(type(p) is str and (v is None or type(v) is torch.dtype or (type(v) is str and v in _PLAIN_VALUES))
+               for p, v in key[0]):
+            got = _parsed.get(key)
+            if got is None:
+                got = _parse(modules, dtype)
+                if len(_parsed) >= 256:
+                    _parsed.clear()
+                _parsed[key] = got
+            return got
+    return _parse(modules, dtype)
+
+
+def _parse(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -> Optional[ModuleMap]:
     if not isinstance(modules, Mapping):
         raise TypeError(f"HpuAutocastMode: modules must be a mapping of module-name patterns to dtypes, "
                         f"presets, Policies or None, got {modules!r} ({type(modules).__name__})")
@@ -188,7 +213,8 @@ def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -
 class _Active:
     """A region's map in force in one context: what its hooks read."""
 
-    __slots__ = ("map", "make", "thread", "root", "resolved", "stack", "matched", "names", "tokens", "kw_hooks")
+    __slots__ = ("map", "make", "thread", "root", "resolved", "hits", "stack", "matched", "names", "tokens",
+                 "kw_hooks")
 
     def __init__(self, map_: ModuleMap, make, root=None, resolved=None) -> None:
         self.map = map_
@@ -196,6 +222,11 @@ class _Active:
         self.thread = threading.get_ident()
         self.root = root
         self.resolved: Optional[Dict[object, Tuple[str, str, Override]]] = resolved
+        #: The current root's matched modules, held strongly for the region's life: {module: entry}
+        #: (Note: the hot path).
+        self.hits: Dict[object, Tuple[str, str, Override]] = {} if resolved is None else dict(resolved.items(root))
+        #: The root and the matched modules in flight, innermost last: (module, its override's
+        #: region or None, its name).
         self.stack: List[tuple] = [] if root is None else [(None, None, None)]  # a recomputation: inside its root
         self.matched: set = set()
         self.names: List[str] = []  # a few module names of the first root (for the unmatched warning)
@@ -215,19 +246,24 @@ class _Active:
             self.kw_hooks.popitem()[1].remove()
 
     def pre(self, module, args):
-        if not self.stack:
+        if self.stack:
+            hit = self.hits.get(module)
+            if hit is None:
+                return None  # unmatched inside the root: nothing to do (Note: the hot path)
+        else:
             if _is_compiled_wrapper(module):
                 return None  # torch.compile(model)'s wrapper: the model it calls is the root
+            self.resolved, names, matched = _resolve(module, self.map)  # may refuse (Note: FSDP2)
             self.root = module
-            self.resolved, names, matched = _resolve(module, self.map)
+            self.hits = dict(self.resolved.items(module))
             self.matched.update(matched)
             self.hook_keywords(module)
             if not self.names:
                 self.names = names
-        hit = self.resolved.get(module) if self.resolved is not None else None
-        if hit is None:
-            self.stack.append((module, None, None))
-            return None
+            hit = self.hits.get(module)
+            if hit is None:
+                self.stack.append((module, None, None))  # the root in flight: its modules are inside it
+                return None
         pattern, name, override = hit
         mode = self.make(override, name)
         mode.__enter__()
@@ -238,7 +274,7 @@ class _Active:
 
     def post(self, module) -> None:
         if not self.stack or self.stack[-1][0] is not module:
-            return  # a module whose pre-hook ran before the map was in force
+            return  # unmatched (never pushed), or its pre-hook ran before the map was in force
         entry = self.stack.pop()
         if entry[1] is not None:
             entry[1].__exit__(None, None, None)
@@ -299,7 +335,7 @@ def _resolve(root, map_: ModuleMap):
     # is resolved again: the cache keeps the modules the names were read from, and a walk of
     # root.modules() (no names, no fnmatch: a small part of resolving) says whether they are the
     # same ones. A module renamed in place (the same objects under other names) is not seen.
-    seen = tuple(map(id, root.modules()))
+    seen = _module_ids(root)
     got = per_root.get(map_.key)
     if got is not None and got[3] == seen:
         return got[:3]
@@ -314,6 +350,7 @@ def _resolve(root, map_: ModuleMap):
         hit = map_.match(name, selected)
         if hit is not None and mod not in resolved:
             resolved[mod] = (hit[0], name, hit[1])
+    _check_fsdp(named, resolved)
     # Note: the value must not hold the root strongly (it is the weak key): its entry holds the
     # module through a weak proxy of the dict key only, so the root maps under a sentinel.
     if root in resolved:
@@ -322,6 +359,87 @@ def _resolve(root, map_: ModuleMap):
                if (p in selected if p in SELECTORS else any(fnmatch.fnmatchcase(n, p) for n in all_names))}
     got = per_root[map_.key] = (_RootView(root, resolved), names, matched, seen)
     return got[:3]
+
+
+def _fsdp_module_class():
+    """FSDP2's ``FSDPModule`` where torch.distributed's FSDP2 is imported (else no module can be
+    one): ``torch.distributed.fsdp`` (torch >= 2.6), ``torch.distributed._composable.fsdp`` before."""
+    for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        cls = getattr(sys.modules.get(name), "FSDPModule", None)
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
+def _fsdp_param_dtype(module) -> Optional[torch.dtype]:
+    """The dtype FSDP2 gathers the parameters of ``module`` (an ``FSDPModule``) in for the forward:
+    its ``MixedPrecisionPolicy.param_dtype`` (``None``: as they are). Read from FSDP2's state, a
+    private attribute; where a torch has it elsewhere, ``None``."""
+    try:
+        return module._get_fsdp_state()._mp_policy.param_dtype
+    except (AttributeError, TypeError):
+        return None
+
+
+def _check_fsdp(named, resolved) -> None:
+    """[Note: FSDP2] ``fully_shard`` keeps a model's module names (it changes the modules' class
+    and adds hooks of their own, no wrapper module), so a map reads them as they are. Its hooks
+    run after the map's (a module's own hooks follow the global ones): a module mapped to float32
+    gets its inputs cast to float32 and casting off, then FSDP2 gathers its parameters and, with a
+    ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``, casts them and the inputs to bfloat16:
+    the module would compute in bfloat16 with no word. That is refused when the names are resolved,
+    naming the module, the ``fully_shard``ed module whose policy gathers its parameters (the
+    innermost around them) and the fix. A lower dtype, a policy or ``off`` is not refused: those
+    compute in whatever the parameters are gathered in, as without FSDP2."""
+    fsdp = _fsdp_module_class()
+    if fsdp is None or not any(o.kind == "fp32" for _, _, o in resolved.values()):
+        return
+    by_name: Dict[str, object] = {}
+    for name, mod in named:
+        by_name.setdefault(name, mod)
+    for module, (pattern, name, override) in resolved.items():
+        if override.kind != "fp32":
+            continue
+        for sub_name, sub in module.named_modules(prefix=name):
+            if next(sub.parameters(recurse=False), None) is None:
+                continue
+            parts = sub_name.split(".") if sub_name else []
+            for depth in range(len(parts), -1, -1):  # the innermost fully_shard around ``sub``
+                owner_name = ".".join(parts[:depth])
+                owner = by_name.get(owner_name)
+                if isinstance(owner, fsdp):
+                    break
+            else:
+                continue
+            dtype = _fsdp_param_dtype(owner)
+            if isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize < 4:
+                shown = repr(owner_name) if owner_name else "the model"
+                raise ValueError(
+                    f"HpuAutocastMode(modules=...): {pattern!r} maps module {name or '(the model)'!r} to float32, "
+                    f"but FSDP2 gathers its parameters in {str(dtype).replace('torch.', '')} "
+                    f"(fully_shard({shown}, mp_policy=MixedPrecisionPolicy(param_dtype={dtype}))), so it "
+                    f"would compute in {str(dtype).replace('torch.', '')}. Give it a fully_shard of its own "
+                    f"with MixedPrecisionPolicy(param_dtype=torch.float32) (before its parent's), or map it "
+                    f"to {dtype} (docs/modules.md, FSDP2)")
+
+
+def _module_ids(root) -> tuple:
+    """``tuple(map(id, root.modules()))``, the same ids in the same order (preorder, each module
+    once), without ``named_modules``' names: read at each call of a root (Note: the hot path)."""
+    ids: List[int] = []
+    seen: set = set()
+    todo = [root]
+    while todo:
+        module = todo.pop()
+        key = id(module)
+        if key in seen:
+            continue
+        seen.add(key)
+        ids.append(key)
+        children = getattr(module, "_modules", None)
+        if children:
+            todo.extend(m for m in reversed(children.values()) if m is not None)
+    return tuple(ids)
 
 
 def _is_linear(module) -> bool:
@@ -406,16 +524,28 @@ _open = 0
 _handles: list = []
 
 
+_get_ident = threading.get_ident
+
+
+# [Note: the hot path] While a map is open the two global hooks run for every module call in the
+# process (and make torch take its slower call path, about 1.9 us a module call here for two
+# hooks that do nothing). What they add is kept to a context-variable read, a thread-id compare
+# and, inside a root, one dict lookup (``_Active.hits``: the root's matched modules, made when the
+# root is resolved): a module no pattern matches is not pushed on the stack, so its forward hook
+# finds another module on top and returns. Only the root and the matched modules are pushed;
+# the root stays on the stack while it runs, so "no module in flight" still means "a new root".
 def _pre_hook(module, args):
     active = _ACTIVE.get()
-    if active is None or active.thread != threading.get_ident():
+    if active is None or active.thread != _get_ident():
+        return None
+    if active.stack and module not in active.hits:
         return None
     return active.pre(module, args)
 
 
 def _post_hook(module, args, output):
     active = _ACTIVE.get()
-    if active is not None and active.thread == threading.get_ident():
+    if active is not None and active.stack and active.stack[-1][0] is module and active.thread == _get_ident():
         active.post(module)
     return None
 
