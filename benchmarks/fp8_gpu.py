@@ -161,8 +161,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_variant(name: str, base: nn.Module, c: Config, device: str, backend: str, torchao,
-                 bf16_loss: Optional[float] = None) -> Dict[str, object]:
+def time_variant(
+    name: str, base: nn.Module, c: Config, device: str, backend: str, torchao, bf16_loss: Optional[float] = None
+) -> Dict[str, object]:
     """One variant: a fresh copy of ``base``, compiled, ``c.warmup`` steps then ``c.steps`` timed.
     An fp8 variant whose first loss is ``bf16_loss`` (the bf16 region's) ran no fp8: it raises."""
     model = copy.deepcopy(base).to(device).train()
@@ -191,8 +192,10 @@ def time_variant(name: str, base: nn.Module, c: Config, device: str, backend: st
     losses.append(step().item())  # the first step compiles
     first_s = time.perf_counter() - start
     if name.startswith("fp8") and bf16_loss is not None and losses[0] == bf16_loss:
-        raise RuntimeError(f"the first loss {losses[0]!r} equals the bf16 region's to the last bit: its GEMMs did not "
-                           "run in fp8 (a compiled graph of the bf16 region served again?)")
+        raise RuntimeError(
+            f"the first loss {losses[0]!r} equals the bf16 region's to the last bit: its GEMMs did not "
+            "run in fp8 (a compiled graph of the bf16 region served again?)"
+        )
     for _ in range(c.warmup - 1):
         step()
     times_ms: List[float] = []
@@ -230,8 +233,10 @@ def check_device(device: str) -> Optional[str]:
         return "no CUDA device (torch.cuda.is_available() is False); accepted: a GPU with fp8, or --smoke on the CPU"
     cap = torch.cuda.get_device_capability()
     if cap < (8, 9):
-        return (f"{torch.cuda.get_device_name()} has compute capability {cap[0]}.{cap[1]}, which has no fp8 GEMMs; "
-                "accepted: 8.9 or later (Ada, Hopper: H100/H200, Blackwell)")
+        return (
+            f"{torch.cuda.get_device_name()} has compute capability {cap[0]}.{cap[1]}, which has no fp8 GEMMs; "
+            "accepted: 8.9 or later (Ada, Hopper: H100/H200, Blackwell)"
+        )
     return None
 
 
@@ -241,9 +246,14 @@ def _machine(device: str) -> Dict[str, object]:
 
     cuda = device == "cuda"
     return {
-        "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "hpu_autocast": hpu_autocast.__version__, "engine": hpu_autocast.ENGINE,
-        "commit": _git_commit(), "device": device,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hpu_autocast": hpu_autocast.__version__,
+        "engine": hpu_autocast.ENGINE,
+        "commit": _git_commit(),
+        "device": device,
         "device_name": torch.cuda.get_device_name() if cuda else cpu_model(),
         "capability": list(torch.cuda.get_device_capability()) if cuda else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -264,8 +274,14 @@ def ratios(variants: Dict[str, Dict[str, object]]) -> Dict[str, float]:
     return out
 
 
-def run(c: Config, device: str, backend: str, budget_s: float, only: Sequence[str] = ORDER,
-        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> Dict[str, object]:
+def run(
+    c: Config,
+    device: str,
+    backend: str,
+    budget_s: float,
+    only: Sequence[str] = ORDER,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> Dict[str, object]:
     started = time.perf_counter()
     torchao = _torchao()
     torch.manual_seed(0)
@@ -296,9 +312,14 @@ def run(c: Config, device: str, backend: str, budget_s: float, only: Sequence[st
                 torch.cuda.empty_cache()
     return {
         "machine": _machine(device),
-        "settings": {**dataclasses.asdict(c), "backend": backend, "budget_s": budget_s, "policy": _policy(device),
-                     "tokens_per_step": c.batch * c.seq,
-                     "params_m": round(sum(p.numel() for p in base.parameters()) / 1e6, 1)},
+        "settings": {
+            **dataclasses.asdict(c),
+            "backend": backend,
+            "budget_s": budget_s,
+            "policy": _policy(device),
+            "tokens_per_step": c.batch * c.seq,
+            "params_m": round(sum(p.numel() for p in base.parameters()) / 1e6, 1),
+        },
         "variants": variants,
         "ratios": ratios(variants),
         "wall_s": round(time.perf_counter() - started, 1),
@@ -307,20 +328,24 @@ def run(c: Config, device: str, backend: str, budget_s: float, only: Sequence[st
 
 def format_table(results: Dict[str, object]) -> str:
     m, s = results["machine"], results["settings"]
-    lines = [f"hpu_autocast fp8 training step: {m['device_name']} ({m['device']}), torch {m['torch']}, "
-             f"engine {m['engine']}, policy {s['policy']}, torch.compile(backend={s['backend']!r})",
-             f"  decoder d={s['d_model']} layers={s['layers']} heads={s['heads']} seq={s['seq']} batch={s['batch']} "
-             f"vocab={s['vocab']} ({s['params_m']}M parameters), {s['warmup']} warm-up and {s['steps']} timed steps",
-             "",
-             f"{'variant':<20} {'ms/step':>9} {'tokens/s':>11} {'peak GB':>8} {'1st step s':>10} "
-             f"{'loss first':>11} {'loss last':>10}"]
+    lines = [
+        f"hpu_autocast fp8 training step: {m['device_name']} ({m['device']}), torch {m['torch']}, "
+        f"engine {m['engine']}, policy {s['policy']}, torch.compile(backend={s['backend']!r})",
+        f"  decoder d={s['d_model']} layers={s['layers']} heads={s['heads']} seq={s['seq']} batch={s['batch']} "
+        f"vocab={s['vocab']} ({s['params_m']}M parameters), {s['warmup']} warm-up and {s['steps']} timed steps",
+        "",
+        f"{'variant':<20} {'ms/step':>9} {'tokens/s':>11} {'peak GB':>8} {'1st step s':>10} "
+        f"{'loss first':>11} {'loss last':>10}",
+    ]
     for name, v in results["variants"].items():
         if "ms_per_step" not in v:
             lines.append(f"{name:<20} {'SKIPPED: ' + v['skipped'] if 'skipped' in v else 'FAILED: ' + v['error']}")
             continue
         peak = f"{v['peak_mem_gb']:8.1f}" if v["peak_mem_gb"] is not None else f"{'-':>8}"
-        lines.append(f"{name:<20} {v['ms_per_step']:9.2f} {v['tokens_per_s']:11.0f} {peak} {v['first_step_s']:10.1f} "
-                     f"{v['loss_first']:11.4f} {v['loss_last']:10.4f}")
+        lines.append(
+            f"{name:<20} {v['ms_per_step']:9.2f} {v['tokens_per_s']:11.0f} {peak} {v['first_step_s']:10.1f} "
+            f"{v['loss_first']:11.4f} {v['loss_last']:10.4f}"
+        )
     lines.append("")
     for label, value in results["ratios"].items():
         lines.append(f"  {label:<44} {value:6.3f}x")
@@ -330,15 +355,24 @@ def format_table(results: Dict[str, object]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fp8_gpu",
-                                     description="A compiled transformer training step: bf16 and fp8 regions "
-                                                 "against torchao's float8 training; writes OUT/fp8_gpu.json.")
-    parser.add_argument("--smoke", action="store_true",
-                        help="a tiny model on the CPU (d=64, 1 layer, 2 steps, eager Dynamo): checks that it runs")
-    parser.add_argument("--backend", default=None,
-                        help="torch.compile backend (default inductor; smoke: eager), or 'none' for no compile")
-    parser.add_argument("--budget-s", type=float, default=300.0,
-                        help="start no variant after this many seconds (default 300)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fp8_gpu",
+        description="A compiled transformer training step: bf16 and fp8 regions "
+        "against torchao's float8 training; writes OUT/fp8_gpu.json.",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny model on the CPU (d=64, 1 layer, 2 steps, eager Dynamo): checks that it runs",
+    )
+    parser.add_argument(
+        "--backend",
+        default=None,
+        help="torch.compile backend (default inductor; smoke: eager), or 'none' for no compile",
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=300.0, help="start no variant after this many seconds (default 300)"
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per variant (default 20)")
     parser.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
     parser.add_argument("--only", default=None, help=f"comma-separated variants (of {', '.join(ORDER)})")

@@ -40,9 +40,15 @@ class Timings:
         return statistics.median(a / b for a, b in zip(self.rounds[ours], self.rounds[ref]))
 
 
-def interleave(variants: Dict[str, Runner], *, rounds: int, iters: int, warmup: int,
-               sync: Callable[[], None] = lambda: None,
-               clock: Callable[[], float] = time.perf_counter) -> Timings:
+def interleave(
+    variants: Dict[str, Runner],
+    *,
+    rounds: int,
+    iters: int,
+    warmup: int,
+    sync: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Timings:
     """Time every variant ``rounds`` times, ``iters`` iterations each, interleaved.
 
     Each round runs all variants once, starting from a different one each round (a rotation),
@@ -105,16 +111,41 @@ class Figure:
         return verdict(self.passed)
 
 
-def make_figure(fid: str, label: str, workload: str, timings: Timings, ours: str, ref: str,
-                target: Optional[float]) -> Figure:
+def make_figure(
+    fid: str, label: str, workload: str, timings: Timings, ours: str, ref: str, target: Optional[float]
+) -> Figure:
     ratio = timings.ratio(ours, ref)
     round_ratios = [a / b for a, b in zip(timings.rounds[ours], timings.rounds[ref])]
-    return Figure(fid, label, workload, ours, ref, timings.median_ms(ours), timings.median_ms(ref),
-                  ratio, round_ratios, target, judge(ratio, target))
+    return Figure(
+        fid,
+        label,
+        workload,
+        ours,
+        ref,
+        timings.median_ms(ours),
+        timings.median_ms(ref),
+        ratio,
+        round_ratios,
+        target,
+        judge(ratio, target),
+    )
 
 
-def make_absolute_figure(fid: str, label: str, workload: str, ours_s: float, ref_s: float,
-                         runs_s: List[float], target_s: Optional[float]) -> Figure:
+def make_absolute_figure(
+    fid: str, label: str, workload: str, ours_s: float, ref_s: float, runs_s: List[float], target_s: Optional[float]
+) -> Figure:
     """A figure that is a time (seconds), not a ratio: the first region of a fresh process."""
-    return Figure(fid, label, workload, "ours", "native", ours_s * 1e3, ref_s * 1e3, ours_s, list(runs_s),
-                  target_s, judge(ours_s, target_s), unit="s")
+    return Figure(
+        fid,
+        label,
+        workload,
+        "ours",
+        "native",
+        ours_s * 1e3,
+        ref_s * 1e3,
+        ours_s,
+        list(runs_s),
+        target_s,
+        judge(ours_s, target_s),
+        unit="s",
+    )

@@ -47,8 +47,13 @@ FIGURES = (
     ("loop.mm", "16 mm 8x8 per region, fresh inputs / native", "loop.mm", "ours", "native"),
     ("region.policy", "region enter+exit ({policy}) / native", "region", "ours", "native"),
     ("region.hpu", "region enter+exit (hpu) / native", "region", "ours-hpu", "native"),
-    ("op.passthrough.after_hpu", "pass-through op after an hpu region / native", "op.passthrough-after-hpu",
-     "ours", "native"),
+    (
+        "op.passthrough.after_hpu",
+        "pass-through op after an hpu region / native",
+        "op.passthrough-after-hpu",
+        "ours",
+        "native",
+    ),
     ("first.region", "first region, fresh process (seconds)", "first.region", "ours", "native"),
     ("step.transformer", "transformer step / native", "step.transformer", "ours", "native"),
     ("step.cnn", "small CNN step / native", "step.cnn", "ours", "native"),
@@ -72,21 +77,45 @@ FIGURES = (
 # The issue's targets, stated for CPU; other devices are reported, not judged. All are ratios
 # except first.region (seconds).
 TARGETS: Dict[str, Dict[str, float]] = {
-    "cpu": {"op.passthrough.native": 1.6, "op.passthrough.noop": 1.2, "op.cast.native": 1.5, "fwd.mlp": 2.2,
-            "region.policy": 3.0, "region.hpu": 3.0, "first.region": 0.5, "step.transformer": 1.10,
-            "step.mlp": 1.8, "compiled.transformer": 1.10},
+    "cpu": {
+        "op.passthrough.native": 1.6,
+        "op.passthrough.noop": 1.2,
+        "op.cast.native": 1.5,
+        "fwd.mlp": 2.2,
+        "region.policy": 3.0,
+        "region.hpu": 3.0,
+        "first.region": 0.5,
+        "step.transformer": 1.10,
+        "step.mlp": 1.8,
+        "compiled.transformer": 1.10,
+    },
 }
 
 #: Timed in this order: the ``hpu`` region registers that preset's kernels (``add`` among them)
 #: for the life of the process, and a compiled step imports Dynamo; neither should reach the
 #: eager workloads before them (docs/performance.md, "Order").
 #: The module-map GPT-2 workloads come after the compiled step: transformers imports Dynamo.
-WORKLOADS = ("op.passthrough", "op.cast", "fwd.mlp", "loop.linear", "loop.linear-grad", "loop.mm",
-             "map.mlp", "map.mlp-grad",
-             "step.transformer", "step.cnn", "step.mlp",
-             "compiled.transformer", "map.gpt2", "map.gpt2-grad",
-             "fp8.linear", "fp8.transformer", "region", "op.passthrough-after-hpu",
-             "first.region")
+WORKLOADS = (
+    "op.passthrough",
+    "op.cast",
+    "fwd.mlp",
+    "loop.linear",
+    "loop.linear-grad",
+    "loop.mm",
+    "map.mlp",
+    "map.mlp-grad",
+    "step.transformer",
+    "step.cnn",
+    "step.mlp",
+    "compiled.transformer",
+    "map.gpt2",
+    "map.gpt2-grad",
+    "fp8.linear",
+    "fp8.transformer",
+    "region",
+    "op.passthrough-after-hpu",
+    "first.region",
+)
 
 
 @dataclass(frozen=True)
@@ -124,26 +153,75 @@ def settings_for(mode: str, rounds: Optional[int] = None, only: Optional[Sequenc
         if unknown:
             raise ValueError(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(WORKLOADS)}")
     if mode == "full":
-        iters = {"op.passthrough": 2000, "op.cast": 1000, "fwd.mlp": 20, "loop.linear": 20, "loop.linear-grad": 10,
-                 "loop.mm": 50, "region": 1000, "step.transformer": 1,
-                 "step.cnn": 10, "step.mlp": 10, "compiled.transformer": 5, "first.region": 3,
-                 "op.passthrough-after-hpu": 2000, "fp8.linear": 1, "fp8.transformer": 1,
-                 "map.mlp": 20, "map.mlp-grad": 10, "map.gpt2": 10, "map.gpt2-grad": 5}
-        return Settings(rounds or 15, 1, iters, FULL, mode, keep, {"step.transformer": 7, "fp8.linear": 3,
-                                                                   "fp8.transformer": 3})
+        iters = {
+            "op.passthrough": 2000,
+            "op.cast": 1000,
+            "fwd.mlp": 20,
+            "loop.linear": 20,
+            "loop.linear-grad": 10,
+            "loop.mm": 50,
+            "region": 1000,
+            "step.transformer": 1,
+            "step.cnn": 10,
+            "step.mlp": 10,
+            "compiled.transformer": 5,
+            "first.region": 3,
+            "op.passthrough-after-hpu": 2000,
+            "fp8.linear": 1,
+            "fp8.transformer": 1,
+            "map.mlp": 20,
+            "map.mlp-grad": 10,
+            "map.gpt2": 10,
+            "map.gpt2-grad": 5,
+        }
+        return Settings(
+            rounds or 15, 1, iters, FULL, mode, keep, {"step.transformer": 7, "fp8.linear": 3, "fp8.transformer": 3}
+        )
     if mode == "quick":
-        iters = {"op.passthrough": 500, "op.cast": 300, "fwd.mlp": 5, "loop.linear": 5, "loop.linear-grad": 3,
-                 "loop.mm": 15, "region": 300, "step.transformer": 1,
-                 "step.cnn": 4, "step.mlp": 5, "compiled.transformer": 2, "first.region": 1,
-                 "op.passthrough-after-hpu": 500, "fp8.linear": 1, "fp8.transformer": 1,
-                 "map.mlp": 10, "map.mlp-grad": 5, "map.gpt2": 5, "map.gpt2-grad": 2}
+        iters = {
+            "op.passthrough": 500,
+            "op.cast": 300,
+            "fwd.mlp": 5,
+            "loop.linear": 5,
+            "loop.linear-grad": 3,
+            "loop.mm": 15,
+            "region": 300,
+            "step.transformer": 1,
+            "step.cnn": 4,
+            "step.mlp": 5,
+            "compiled.transformer": 2,
+            "first.region": 1,
+            "op.passthrough-after-hpu": 500,
+            "fp8.linear": 1,
+            "fp8.transformer": 1,
+            "map.mlp": 10,
+            "map.mlp-grad": 5,
+            "map.gpt2": 5,
+            "map.gpt2-grad": 2,
+        }
         return Settings(rounds or 7, 1, iters, QUICK, mode, keep, {"step.transformer": 3, "fp8.transformer": 2})
     if mode == "smoke":
-        iters = {"op.passthrough": 20, "op.cast": 20, "fwd.mlp": 1, "loop.linear": 1, "loop.linear-grad": 1,
-                 "loop.mm": 2, "region": 20, "step.transformer": 1,
-                 "step.cnn": 1, "step.mlp": 1, "compiled.transformer": 1, "first.region": 1,
-                 "op.passthrough-after-hpu": 20, "fp8.linear": 1, "fp8.transformer": 1,
-                 "map.mlp": 1, "map.mlp-grad": 1, "map.gpt2": 1, "map.gpt2-grad": 1}
+        iters = {
+            "op.passthrough": 20,
+            "op.cast": 20,
+            "fwd.mlp": 1,
+            "loop.linear": 1,
+            "loop.linear-grad": 1,
+            "loop.mm": 2,
+            "region": 20,
+            "step.transformer": 1,
+            "step.cnn": 1,
+            "step.mlp": 1,
+            "compiled.transformer": 1,
+            "first.region": 1,
+            "op.passthrough-after-hpu": 20,
+            "fp8.linear": 1,
+            "fp8.transformer": 1,
+            "map.mlp": 1,
+            "map.mlp-grad": 1,
+            "map.gpt2": 1,
+            "map.gpt2-grad": 1,
+        }
         return Settings(rounds or 2, 1, iters, SMOKE, mode, keep)
     raise ValueError(f"unknown mode {mode!r}")
 
@@ -170,8 +248,13 @@ def _variants(workload: str, backend: Backend, dtype: torch.dtype, settings: Set
 
 def _git_commit() -> Optional[str]:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -208,11 +291,16 @@ def _fp8_kind(device: str) -> str:
     from hpu_autocast import _torch
     from hpu_autocast.policies.recipes import emulates
 
-    return "fp8 emulated" if emulates(hpu_autocast.get_preset("hpu").fp8, device, _torch.scaled_mm_runs_on(device)) else "fp8"
+    return (
+        "fp8 emulated"
+        if emulates(hpu_autocast.get_preset("hpu").fp8, device, _torch.scaled_mm_runs_on(device))
+        else "fp8"
+    )
 
 
-def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
-                   progress: bool = False) -> Dict[str, object]:
+def run_benchmarks(
+    settings: Settings, device: str = "cpu", dtype: torch.dtype = torch.bfloat16, progress: bool = False
+) -> Dict[str, object]:
     """Run every workload of ``settings``; return the results as a JSON-ready dict."""
     backend = workloads.backend_for(workloads.resolve_device(device))
     why = workloads.check_dtype(backend, dtype)
@@ -244,8 +332,14 @@ def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype =
             variants, module_calls[workload] = mapped.variants, mapped.module_calls
         else:
             variants = _variants(workload, backend, dtype, settings)
-        timings[workload] = interleave(variants, rounds=settings.rounds_of(workload), iters=settings.iters[workload],
-                                       warmup=settings.warmup, sync=backend.sync, clock=clock)
+        timings[workload] = interleave(
+            variants,
+            rounds=settings.rounds_of(workload),
+            iters=settings.iters[workload],
+            warmup=settings.warmup,
+            sync=backend.sync,
+            clock=clock,
+        )
     if compiled is not None:
         torch._dynamo.reset()  # main() may be called in-process (the tests do)
     # Note: a verdict only where the figure means what its target says: on the device the
@@ -254,11 +348,15 @@ def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype =
     targets = TARGETS.get(backend.name, {}) if settings.mode != "smoke" else {}
     figures: List[Figure] = []
     for fid, label, wl, ours, ref in FIGURES:
-        label = label.format(policy=backend.policy, fp8_width=settings.scale_of(wl, backend.name).fp8_width,
-                             fp8=_fp8_kind(backend.name))
+        label = label.format(
+            policy=backend.policy, fp8_width=settings.scale_of(wl, backend.name).fp8_width, fp8=_fp8_kind(backend.name)
+        )
         if wl == "first.region" and first is not None:
-            figures.append(make_absolute_figure(fid, label, wl, first["ours"]["s"], first["native"]["s"],
-                                                first["ours"]["runs_s"], targets.get(fid)))
+            figures.append(
+                make_absolute_figure(
+                    fid, label, wl, first["ours"]["s"], first["native"]["s"], first["ours"]["runs_s"], targets.get(fid)
+                )
+            )
         elif wl in timings:
             fig = make_figure(fid, label, wl, timings[wl], ours, ref, targets.get(fid))
             if wl == "compiled.transformer" and not compiled["loss_equal"] and fig.target is not None:
@@ -266,10 +364,18 @@ def run_benchmarks(settings: Settings, device: str = "cpu", dtype: torch.dtype =
             figures.append(fig)
     return {
         "machine": machine_info(backend),
-        "settings": {"mode": settings.mode, "rounds": settings.rounds, "warmup": settings.warmup,
-                     "iters": dict(settings.iters), "dtype": str(dtype).replace("torch.", ""),
-                     "policy": backend.policy, "native": f"torch.autocast({backend.autocast_type!r})",
-                     "rounds_for": dict(settings.rounds_for), "clock": clock_name, "scale": asdict(settings.scale)},
+        "settings": {
+            "mode": settings.mode,
+            "rounds": settings.rounds,
+            "warmup": settings.warmup,
+            "iters": dict(settings.iters),
+            "dtype": str(dtype).replace("torch.", ""),
+            "policy": backend.policy,
+            "native": f"torch.autocast({backend.autocast_type!r})",
+            "rounds_for": dict(settings.rounds_for),
+            "clock": clock_name,
+            "scale": asdict(settings.scale),
+        },
         "medians_ms": {wl: {v: t.median_ms(v) for v in t.rounds} for wl, t in timings.items()},
         "compiled": compiled,
         "first_region": first,
@@ -286,9 +392,12 @@ def _module_map_costs(timings: Dict[str, Timings], module_calls: Dict[str, int])
     out: Dict[str, object] = {}
     for wl, calls in module_calls.items():
         t = timings[wl]
-        out[wl] = {"module_calls": calls,
-                   "us_per_module": {v: round((t.median_ms(v) - t.median_ms("ours")) * 1e3 / calls, 3)
-                                     for v in workloads.MAP_VARIANTS}}
+        out[wl] = {
+            "module_calls": calls,
+            "us_per_module": {
+                v: round((t.median_ms(v) - t.median_ms("ours")) * 1e3 / calls, 3) for v in workloads.MAP_VARIANTS
+            },
+        }
     return out
 
 
@@ -316,43 +425,64 @@ def format_table(results: Dict[str, object]) -> str:
     m = results["machine"]
     s = results["settings"]
     device = f"{m['cpu']}, {_fast_bf16(m.get('fast_bf16'))}" if m["device"] == "cpu" else m["device_name"]
-    lines = [f"hpu_autocast benchmarks: {device} ({m['device']}), {m['cores']} cores, threads={m['threads']}, "
-             f"torch {m['torch']}, engine {m.get('engine', 'python')}",
-             f"  {s['dtype']}, policy {s['policy']} vs {s['native']}, {s['mode']}, {s['rounds']} rounds, "
-             f"clock {s.get('clock', '?')}",
-             *(["  smoke: checks that every workload runs; its figures are not measurements, so none is judged"]
-               if s["mode"] == "smoke" else []),
-             "",
-             f"{'figure':<44} {'ours':>11} {'reference':>11} {'ratio':>8} {'spread':>11} {'target':>6}  verdict"]
+    lines = [
+        f"hpu_autocast benchmarks: {device} ({m['device']}), {m['cores']} cores, threads={m['threads']}, "
+        f"torch {m['torch']}, engine {m.get('engine', 'python')}",
+        f"  {s['dtype']}, policy {s['policy']} vs {s['native']}, {s['mode']}, {s['rounds']} rounds, "
+        f"clock {s.get('clock', '?')}",
+        *(
+            ["  smoke: checks that every workload runs; its figures are not measurements, so none is judged"]
+            if s["mode"] == "smoke"
+            else []
+        ),
+        "",
+        f"{'figure':<44} {'ours':>11} {'reference':>11} {'ratio':>8} {'spread':>11} {'target':>6}  verdict",
+    ]
     for f in results["figures"]:
         if f.get("unit") == "s":
             target = f"{f['target']:.2f}s" if f["target"] is not None else "-"
             runs = f["round_ratios"]
             spread = f"{min(runs):.2f}-{max(runs):.2f}" if len(runs) > 1 else "-"
-            lines.append(f"{f['label']:<44} {_fmt_ms(f['ours_ms'])} {_fmt_ms(f['ref_ms'])} {f['ratio']:7.3f}s "
-                         f"{spread:>11} {target:>6}  {f['verdict']}")
+            lines.append(
+                f"{f['label']:<44} {_fmt_ms(f['ours_ms'])} {_fmt_ms(f['ref_ms'])} {f['ratio']:7.3f}s "
+                f"{spread:>11} {target:>6}  {f['verdict']}"
+            )
             continue
         target = f"{f['target']:.2f}" if f["target"] is not None else "-"
-        lines.append(f"{f['label']:<44} {_fmt_ms(f['ours_ms'])} {_fmt_ms(f['ref_ms'])} {f['ratio']:7.3f}x "
-                     f"{_spread(f['round_ratios']):>11} {target:>6}  {f['verdict']}")
+        lines.append(
+            f"{f['label']:<44} {_fmt_ms(f['ours_ms'])} {_fmt_ms(f['ref_ms'])} {f['ratio']:7.3f}x "
+            f"{_spread(f['round_ratios']):>11} {target:>6}  {f['verdict']}"
+        )
     compiled = results.get("compiled")
     if compiled:
         loss = compiled["loss"]
-        lines.append(f"  compiled step: torch.compile(backend={compiled['backend']!r}); loss under the region "
-                     f"{loss['ours']!r}, under native {loss['native']!r}: "
-                     f"{'identical' if compiled['loss_equal'] else 'DIFFERENT'}")
+        lines.append(
+            f"  compiled step: torch.compile(backend={compiled['backend']!r}); loss under the region "
+            f"{loss['ours']!r}, under native {loss['native']!r}: "
+            f"{'identical' if compiled['loss_equal'] else 'DIFFERENT'}"
+        )
     first = results.get("first_region")
     if first:
-        lines.append(f"  first region: ours {first['ours']['s']:.3f} s, native {first['native']['s']:.3f} s "
-                     f"(median of {len(first['ours']['runs_s'])} processes); torch._dynamo imported by it: "
-                     f"{'yes' if first['ours']['dynamo_imported'] else 'no'}")
+        lines.append(
+            f"  first region: ours {first['ours']['s']:.3f} s, native {first['native']['s']:.3f} s "
+            f"(median of {len(first['ours']['runs_s'])} processes); torch._dynamo imported by it: "
+            f"{'yes' if first['ours']['dynamo_imported'] else 'no'}"
+        )
     maps = results.get("module_maps")
     if maps:
-        lines.append("  module maps, added per module call over a region without a map: " + "; ".join(
-            f"{wl} ({c['module_calls']} modules) " + ", ".join(f"{v} {us:+.2f} us" for v, us in c["us_per_module"].items())
-            for wl, c in maps.items()))
-    columns = [v for v in workloads.VARIANTS + workloads.MAP_VARIANTS + workloads.FP8_VARIANTS
-               if any(v in med for med in results["medians_ms"].values())]
+        lines.append(
+            "  module maps, added per module call over a region without a map: "
+            + "; ".join(
+                f"{wl} ({c['module_calls']} modules) "
+                + ", ".join(f"{v} {us:+.2f} us" for v, us in c["us_per_module"].items())
+                for wl, c in maps.items()
+            )
+        )
+    columns = [
+        v
+        for v in workloads.VARIANTS + workloads.MAP_VARIANTS + workloads.FP8_VARIANTS
+        if any(v in med for med in results["medians_ms"].values())
+    ]
     lines += ["", f"{'median per iteration':<26}" + "".join(f"{v:>12}" for v in columns)]
     for wl, med in results["medians_ms"].items():
         lines.append(f"{wl:<26}" + "".join(f"{_fmt_ms(med[v]) if v in med else '-':>12}" for v in columns))
@@ -384,8 +514,11 @@ def write_chart(results: Dict[str, object], path: Path) -> bool:
     ax.set_xlabel("ratio (ours / reference), median of interleaved rounds; black tick = target")
     m = results["machine"]
     ax.set_xlim(0, 1.12 * max(max(f["ratio"], f["target"] or 0) for f in figs))
-    ax.set_title(f"hpu_autocast, {m['device_name']}, {m['threads']} thread(s), torch {m['torch']}, "
-                 f"{results['settings']['dtype']}, {m['date'][:10]}", fontsize=9)
+    ax.set_title(
+        f"hpu_autocast, {m['device_name']}, {m['threads']} thread(s), torch {m['torch']}, "
+        f"{results['settings']['dtype']}, {m['date'][:10]}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -405,25 +538,38 @@ def write_results(results: Dict[str, object], out: Path) -> List[Path]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks",
-                                     description="Time hpu_autocast against native torch.autocast and the floors "
-                                                 "(plain, no-op function and dispatch modes); write results.json "
-                                                 "and results.png.")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer rounds and iterations, the compiled step on aot_eager, the fp8 linear "
-                             "1024 wide (under a minute)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny models, 2 rounds: checks that it runs (no verdicts; exit 1 if the compiled "
-                             "step's loss differs from native's)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "hpu"),
-                        help="auto: hpu if habana_frameworks is importable, else cuda if available, else cpu")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Time hpu_autocast against native torch.autocast and the floors "
+        "(plain, no-op function and dispatch modes); write results.json "
+        "and results.png.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer rounds and iterations, the compiled step on aot_eager, the fp8 linear 1024 wide (under a minute)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny models, 2 rounds: checks that it runs (no verdicts; exit 1 if the compiled "
+        "step's loss differs from native's)",
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda", "hpu"),
+        help="auto: hpu if habana_frameworks is importable, else cuda if available, else cpu",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help="lower precision")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per workload (default 15, quick 7)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch.set_num_threads(N) first; 0 leaves torch's default (default: 1, see "
-                             "docs/performance.md)")
-    parser.add_argument("--only", default=None,
-                        help=f"comma-separated workloads to run (of {', '.join(WORKLOADS)})")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads(N) first; 0 leaves torch's default (default: 1, see docs/performance.md)",
+    )
+    parser.add_argument("--only", default=None, help=f"comma-separated workloads to run (of {', '.join(WORKLOADS)})")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:

@@ -28,11 +28,34 @@ from hpu_autocast import HpuAutocastMode, hpu
 
 from .harness import Runner
 
-__all__ = ["Backend", "Scale", "FULL", "SMOKE", "NoOpFunctionMode", "NoOpDispatchMode", "backend_for",
-           "resolve_device", "op_variants", "passthrough_after_hpu_variants", "mlp_forward_variants",
-           "region_variants", "Fresh", "fresh_loop_variants", "FRESH_VARIANTS", "step_variants", "CompiledStep", "compile_backend", "first_region", "check_dtype",
-           "cpu_model", "fast_bf16", "MODELS", "VARIANTS",
-           "MAP_VARIANTS", "map_variants"]
+__all__ = [
+    "Backend",
+    "Scale",
+    "FULL",
+    "SMOKE",
+    "NoOpFunctionMode",
+    "NoOpDispatchMode",
+    "backend_for",
+    "resolve_device",
+    "op_variants",
+    "passthrough_after_hpu_variants",
+    "mlp_forward_variants",
+    "region_variants",
+    "Fresh",
+    "fresh_loop_variants",
+    "FRESH_VARIANTS",
+    "step_variants",
+    "CompiledStep",
+    "compile_backend",
+    "first_region",
+    "check_dtype",
+    "cpu_model",
+    "fast_bf16",
+    "MODELS",
+    "VARIANTS",
+    "MAP_VARIANTS",
+    "map_variants",
+]
 
 # Interleaving order within a round (rotated each round, see harness.interleave). ``ours-hpu``
 # is timed for the region workload only, ``fn-mode`` and ``disp-mode`` not for compiled steps.
@@ -87,7 +110,7 @@ def _cpuinfo(field: str) -> Optional[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(field) and line[len(field):].lstrip().startswith(":"):
+                if line.startswith(field) and line[len(field) :].lstrip().startswith(":"):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
@@ -125,8 +148,15 @@ def backend_for(name: str) -> Backend:
     if name == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda: torch.cuda.is_available() is False")
-        return Backend("cuda", torch.device("cuda"), "cuda", "torch-cuda", torch.cuda.synchronize, _nothing,
-                       torch.cuda.get_device_name())
+        return Backend(
+            "cuda",
+            torch.device("cuda"),
+            "cuda",
+            "torch-cuda",
+            torch.cuda.synchronize,
+            _nothing,
+            torch.cuda.get_device_name(),
+        )
     if name == "hpu":
         if not hpu.hpu_importable():
             raise RuntimeError("--device hpu: habana_frameworks is not importable")
@@ -136,8 +166,15 @@ def backend_for(name: str) -> Backend:
         sync = getattr(hpu_mod, "synchronize", _nothing)
         get_name = getattr(hpu_mod, "get_device_name", None)
         # Gaudi's lazy mode runs the accumulated graph at mark_step; a step ends there.
-        return Backend("hpu", torch.device("hpu"), "hpu", "hpu", sync, htcore.mark_step,
-                       get_name() if get_name is not None else "Gaudi")
+        return Backend(
+            "hpu",
+            torch.device("hpu"),
+            "hpu",
+            "hpu",
+            sync,
+            htcore.mark_step,
+            get_name() if get_name is not None else "Gaudi",
+        )
     raise ValueError(f"unknown device {name!r}; expected cpu, cuda, hpu or auto")
 
 
@@ -192,10 +229,36 @@ class Scale:
 
 
 FULL = Scale()
-SMOKE = Scale(op_size=8, fwd_width=8, fwd_depth=3, fwd_batch=4, compiled_d_model=16, compiled_nhead=2,
-              compiled_layers=1, compiled_seq=8, compiled_batch=2, d_model=16, nhead=2, layers=1, seq=8, batch=2,
-              image=8, mlp_width=8, mlp_depth=3, mlp_batch=4, loop_width=8, loop_depth=3, loop_batch=4, loop_mm=8,
-              loop_mm_calls=4, fp8_width=32, fp8_batch=16, map_depth=3, gpt2_layers=1, gpt2_seq=8)
+SMOKE = Scale(
+    op_size=8,
+    fwd_width=8,
+    fwd_depth=3,
+    fwd_batch=4,
+    compiled_d_model=16,
+    compiled_nhead=2,
+    compiled_layers=1,
+    compiled_seq=8,
+    compiled_batch=2,
+    d_model=16,
+    nhead=2,
+    layers=1,
+    seq=8,
+    batch=2,
+    image=8,
+    mlp_width=8,
+    mlp_depth=3,
+    mlp_batch=4,
+    loop_width=8,
+    loop_depth=3,
+    loop_batch=4,
+    loop_mm=8,
+    loop_mm_calls=4,
+    fp8_width=32,
+    fp8_batch=16,
+    map_depth=3,
+    gpt2_layers=1,
+    gpt2_seq=8,
+)
 #: ``--quick``: the full figures' workloads, but the fp8 linear 1024 wide on a batch of 256 (issue 38's
 #: measure of the CPU emulation; 4096 wide takes a second a step there).
 QUICK = replace(FULL, fp8_width=1024, fp8_batch=256)
@@ -216,6 +279,7 @@ def op_variants(op: str, backend: Backend, dtype: torch.dtype, scale: Scale) -> 
             with region():
                 for _ in range(iters):
                     call()
+
         return run
 
     return {name: runner(region) for name, region in _regions(backend, dtype).items()}
@@ -238,6 +302,7 @@ def mlp_forward_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> 
                 for _ in range(iters):
                     with region():
                         model(x)
+
         return run
 
     return {name: runner(region) for name, region in _regions(backend, dtype).items()}
@@ -255,6 +320,7 @@ def region_variants(backend: Backend, dtype: torch.dtype, scale: Scale) -> Dict[
             for _ in range(iters):
                 with region():
                     pass
+
         return run
 
     return {name: runner(regions[name]) for name in VARIANTS if name in regions}
@@ -284,8 +350,7 @@ class Fresh:
         return t
 
 
-def fresh_loop_variants(name: str, backend: Backend, dtype: torch.dtype, scale: Scale,
-                        steps: int) -> Dict[str, Runner]:
+def fresh_loop_variants(name: str, backend: Backend, dtype: torch.dtype, scale: Scale, steps: int) -> Dict[str, Runner]:
     """Loops as training runs them, one region per step on inputs never seen before (``Fresh``),
     so the figure is what each step pays, casts included, with nothing cached from an earlier
     step or call. ``steps`` is how many iterations each variant will run in all (warm-up
@@ -312,6 +377,7 @@ def fresh_loop_variants(name: str, backend: Backend, dtype: torch.dtype, scale: 
                     with region():
                         for _ in range(calls):
                             torch.mm(pool.take(), pool.take())
+
             return run
 
         return {v: mm_runner(regions[v]) for v in FRESH_VARIANTS}
@@ -335,6 +401,7 @@ def fresh_loop_variants(name: str, backend: Backend, dtype: torch.dtype, scale: 
                         for p in params:
                             p.grad = None
                     backend.end_step()
+
         return run
 
     return {v: linear_runner(regions[v]) for v in FRESH_VARIANTS}
@@ -358,8 +425,14 @@ class SmallCNN(nn.Module):
     def __init__(self, image: int) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.head = nn.Linear(32 * (image // 4) ** 2, 10)
 
@@ -368,8 +441,7 @@ class SmallCNN(nn.Module):
 
 
 def _transformer(s: Scale, device: torch.device):
-    layer = nn.TransformerEncoderLayer(s.d_model, s.nhead, dim_feedforward=4 * s.d_model, dropout=0.1,
-                                       batch_first=True)
+    layer = nn.TransformerEncoderLayer(s.d_model, s.nhead, dim_feedforward=4 * s.d_model, dropout=0.1, batch_first=True)
     model = nn.TransformerEncoder(layer, s.layers, enable_nested_tensor=False).to(device)
     x = torch.randn(s.batch, s.seq, s.d_model, device=device)
     return model, x, lambda out: out.float().pow(2).mean()
@@ -402,8 +474,9 @@ def step_variants(model_name: str, backend: Backend, dtype: torch.dtype, scale: 
     return {name: _step_runner(model, x, loss_fn, backend, region) for name, region in _regions(backend, dtype).items()}
 
 
-def _step_runner(model: nn.Module, x: torch.Tensor, loss_fn: Callable, backend: Backend,
-                 region: Callable[[], ContextManager]) -> Runner:
+def _step_runner(
+    model: nn.Module, x: torch.Tensor, loss_fn: Callable, backend: Backend, region: Callable[[], ContextManager]
+) -> Runner:
     """Training steps of ``model`` on ``x``: forward and loss in ``region()``, backward outside it,
     gradients cleared (train mode, so the transformer's fast path is off)."""
     model.train()
@@ -417,6 +490,7 @@ def _step_runner(model: nn.Module, x: torch.Tensor, loss_fn: Callable, backend: 
             for p in params:
                 p.grad = None
             backend.end_step()
+
     return run
 
 
@@ -439,8 +513,10 @@ def fp8_variants(name: str, backend: Backend, scale: Scale) -> Dict[str, Runner]
     def region(dtype: torch.dtype) -> Callable[[], ContextManager]:
         return lambda: HpuAutocastMode(dtype, policy="hpu", device_type=backend.device.type)
 
-    return {"fp8": _step_runner(model, x, loss_fn, backend, region(torch.float8_e4m3fn)),
-            "bf16": _step_runner(model, x, loss_fn, backend, region(torch.bfloat16))}
+    return {
+        "fp8": _step_runner(model, x, loss_fn, backend, region(torch.float8_e4m3fn)),
+        "bf16": _step_runner(model, x, loss_fn, backend, region(torch.bfloat16)),
+    }
 
 
 # -- module maps: the hooks' cost (issue 37) ----------------------------------------------------
@@ -503,9 +579,18 @@ def map_variants(name: str, backend: Backend, dtype: torch.dtype, scale: Scale) 
             from transformers import GPT2Config, GPT2LMHeadModel
         except ImportError:
             return None
-        config = GPT2Config(vocab_size=128, n_positions=scale.gpt2_seq, n_embd=scale.gpt2_embd,
-                            n_layer=scale.gpt2_layers, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                            bos_token_id=0, eos_token_id=0)
+        config = GPT2Config(
+            vocab_size=128,
+            n_positions=scale.gpt2_seq,
+            n_embd=scale.gpt2_embd,
+            n_layer=scale.gpt2_layers,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         model = GPT2LMHeadModel(config).to(device)
         ids = torch.randint(0, 128, (scale.gpt2_batch, scale.gpt2_seq), device=device)
         forward = lambda: model(ids).logits  # noqa: E731
@@ -514,11 +599,12 @@ def map_variants(name: str, backend: Backend, dtype: torch.dtype, scale: Scale) 
         raise ValueError(f"unknown module-map workload {name!r}; expected mlp, mlp-grad, gpt2 or gpt2-grad")
     model.train(grad)
     params = list(model.parameters())
-    regions = {"ours": lambda: HpuAutocastMode(dtype, policy=backend.policy),
-               "map-one": lambda: HpuAutocastMode(dtype, policy=backend.policy, modules={one: torch.float32}),
-               "map-none": lambda: HpuAutocastMode(dtype, policy=backend.policy,
-                                                   modules={"no_such_module": torch.float32}),
-               "native": _regions(backend, dtype)["native"]}
+    regions = {
+        "ours": lambda: HpuAutocastMode(dtype, policy=backend.policy),
+        "map-one": lambda: HpuAutocastMode(dtype, policy=backend.policy, modules={one: torch.float32}),
+        "map-none": lambda: HpuAutocastMode(dtype, policy=backend.policy, modules={"no_such_module": torch.float32}),
+        "native": _regions(backend, dtype)["native"],
+    }
 
     def runner(region: Callable[[], ContextManager]) -> Runner:
         def run(iters: int) -> None:
@@ -532,6 +618,7 @@ def map_variants(name: str, backend: Backend, dtype: torch.dtype, scale: Scale) 
                         for p in params:
                             p.grad = None
                     backend.end_step()
+
         return run
 
     return MapWorkload({v: runner(r) for v, r in regions.items()}, _count_module_calls(model, forward))
@@ -562,8 +649,9 @@ class CompiledStep:
 
     def __init__(self, backend: Backend, dtype: torch.dtype, scale: Scale, compiler: str) -> None:
         s = scale
-        layer = nn.TransformerEncoderLayer(s.compiled_d_model, s.compiled_nhead,
-                                           dim_feedforward=4 * s.compiled_d_model, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            s.compiled_d_model, s.compiled_nhead, dim_feedforward=4 * s.compiled_d_model, dropout=0.0, batch_first=True
+        )
         self.model = nn.TransformerEncoder(layer, s.compiled_layers, enable_nested_tensor=False).to(backend.device)
         self.model.train()
         self.params = list(self.model.parameters())
@@ -591,6 +679,7 @@ class CompiledStep:
             def run(iters: int) -> None:
                 for _ in range(iters):
                     self.step(region)
+
             return run
 
         return {name: runner(region) for name, region in self.regions.items()}
@@ -623,10 +712,11 @@ def first_region(backend: Backend, dtype: torch.dtype, runs: int, threads: int) 
     dtype_name = str(dtype).replace("torch.", "")
     sync = "torch.cuda.synchronize()" if backend.name == "cuda" else ""
     threads_line = f"torch.set_num_threads({threads})" if threads else ""
-    setup = {"ours": f"{threads_line}\nfrom hpu_autocast import HpuAutocastMode",
-             "native": threads_line}
-    region = {"ours": f"HpuAutocastMode(torch.{dtype_name}, policy={backend.policy!r})",
-              "native": f"torch.autocast({backend.autocast_type!r}, dtype=torch.{dtype_name})"}
+    setup = {"ours": f"{threads_line}\nfrom hpu_autocast import HpuAutocastMode", "native": threads_line}
+    region = {
+        "ours": f"HpuAutocastMode(torch.{dtype_name}, policy={backend.policy!r})",
+        "native": f"torch.autocast({backend.autocast_type!r}, dtype=torch.{dtype_name})",
+    }
     # The child imports this same hpu_autocast (a checkout, not an installed copy).
     src = os.path.dirname(os.path.dirname(os.path.abspath(hpu_autocast.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
@@ -641,8 +731,11 @@ def first_region(backend: Backend, dtype: torch.dtype, runs: int, threads: int) 
             if proc.returncode != 0:
                 raise RuntimeError(f"the first-region process failed:\n{proc.stderr[-2000:]}")
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        out[name] = {"s": statistics.median(r["s"] for r in results), "runs_s": [r["s"] for r in results],
-                     "dynamo_imported": any(r["dynamo"] for r in results)}
+        out[name] = {
+            "s": statistics.median(r["s"] for r in results),
+            "runs_s": [r["s"] for r in results],
+            "dynamo_imported": any(r["dynamo"] for r in results),
+        }
     return out
 
 

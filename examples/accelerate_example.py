@@ -22,9 +22,19 @@ from hpu_autocast import HpuAutocastMode
 
 def tiny_bert() -> BertForSequenceClassification:
     torch.manual_seed(0)
-    return BertForSequenceClassification(BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3))
+    return BertForSequenceClassification(
+        BertConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=16,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            num_labels=3,
+        )
+    )
 
 
 def random_batches(n: int = 16, seq: int = 16) -> list[dict]:
@@ -46,8 +56,8 @@ def train(steps: int, autocast: Callable[[], object]) -> list[float]:
     model.train()
     for step, batch in zip(range(steps), loader):
         with autocast():
-            loss = model(**batch).loss        # the forward and the model's loss in the region
-        accelerator.backward(loss)            # backward outside it, as with torch.autocast
+            loss = model(**batch).loss  # the forward and the model's loss in the region
+        accelerator.backward(loss)  # backward outside it, as with torch.autocast
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())

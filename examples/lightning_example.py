@@ -48,8 +48,10 @@ class Classifier(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         logits = self.net(x)
-        print(f"validation: loss {F.cross_entropy(logits, y).item():.4f}, logits {logits.dtype} "
-              f"(region: policy {hpu_autocast.get_policy().name}, {hpu_autocast.get_dtype()})")
+        print(
+            f"validation: loss {F.cross_entropy(logits, y).item():.4f}, logits {logits.dtype} "
+            f"(region: policy {hpu_autocast.get_policy().name}, {hpu_autocast.get_dtype()})"
+        )
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
@@ -66,11 +68,19 @@ def train(steps: int, policy: str = "hpu", dtype: torch.dtype = torch.bfloat16) 
     """``steps`` steps on the CPU with the plugin; the losses."""
     pl.seed_everything(0, verbose=False)
     model = Classifier()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         # The CPU's tensors: on a machine with a GPU, a region left to its
-                         # default device would cast CUDA tensors only.
-                         plugins=[HpuAutocastPrecision(dtype, policy=policy, device_type="cpu")])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        # The CPU's tensors: on a machine with a GPU, a region left to its
+        # default device would cast CUDA tensors only.
+        plugins=[HpuAutocastPrecision(dtype, policy=policy, device_type="cpu")],
+    )
     validation = random_data(8, seed=2)
     trainer.fit(model, random_data(), validation)  # validates at each epoch's end (8 steps)
     trainer.validate(model, validation, verbose=False)

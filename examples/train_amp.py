@@ -14,7 +14,7 @@ from hpu_autocast import HpuAutocastMode
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-scaler = torch.amp.GradScaler("cpu")              # float16 needs loss scaling; bfloat16 does not
+scaler = torch.amp.GradScaler("cpu")  # float16 needs loss scaling; bfloat16 does not
 x, y = torch.randn(16, 32), torch.randn(16, 8)
 
 losses = []
@@ -23,8 +23,8 @@ for step in range(20):
         h = checkpoint(model[:2], x, use_reentrant=False)  # recomputed in backward, same policy
         loss = F.mse_loss(model[2](h), y)
     opt.zero_grad()
-    scaler.scale(loss).backward()                 # backward outside the region
-    scaler.step(opt)                              # the optimizer too: float32 master weights
+    scaler.scale(loss).backward()  # backward outside the region
+    scaler.step(opt)  # the optimizer too: float32 master weights
     scaler.update()
     losses.append(loss.item())
 

@@ -54,8 +54,17 @@ class PrintLoss(TrainerCallback):
 
 def tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=16,
+        )
+    )
 
 
 def random_tokens(n: int = 16, seq: int = 16) -> list[dict]:
@@ -66,12 +75,24 @@ def random_tokens(n: int = 16, seq: int = 16) -> list[dict]:
 
 def train(steps: int, policy: str, output_dir: str, trainer_cls: type = HpuAutocastTrainer) -> list[float]:
     """Train for ``steps`` steps (batch 2) and return the loss of each."""
-    args = TrainingArguments(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=2,
-                             learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none",
-                             bf16=False, fp16=False, disable_tqdm=True, dataloader_pin_memory=False, seed=0)
+    args = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        bf16=False,
+        fp16=False,
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+        seed=0,
+    )
     printer = PrintLoss()
-    trainer = trainer_cls(model=tiny_llama(), args=args, train_dataset=random_tokens(), callbacks=[printer],
-                          policy=policy)
+    trainer = trainer_cls(
+        model=tiny_llama(), args=args, train_dataset=random_tokens(), callbacks=[printer], policy=policy
+    )
     trainer.remove_callback(PrinterCallback)  # PrintLoss prints the loss; no dict of every log
     trainer.train()
     return printer.losses
@@ -81,8 +102,9 @@ def main(argv=None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--policy", default="hpu", choices=hpu_autocast.preset_names())
-    parser.add_argument("--output-dir", help="Trainer's output directory (default: a temporary one); "
-                                             "nothing is saved there")
+    parser.add_argument(
+        "--output-dir", help="Trainer's output directory (default: a temporary one); nothing is saved there"
+    )
     args = parser.parse_args(argv)
     if args.output_dir:
         return train(args.steps, args.policy, args.output_dir)

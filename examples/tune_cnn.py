@@ -15,10 +15,16 @@ import torch.nn as nn
 def small_cnn() -> nn.Module:
     """conv-relu x3, a global average pool, a linear head: 10 classes from 3x16x16 images."""
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
 
 
 def tune_target():

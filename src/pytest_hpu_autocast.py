@@ -27,8 +27,10 @@ _WATCH = pytest.StashKey()
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
-        "markers", "hpu_autocast(dtype=torch.bfloat16, policy='hpu', device_type=None, ignore=(), modules=None): "
-        "the region of the hpu_autocast_region fixture")
+        "markers",
+        "hpu_autocast(dtype=torch.bfloat16, policy='hpu', device_type=None, ignore=(), modules=None): "
+        "the region of the hpu_autocast_region fixture",
+    )
 
 
 @pytest.fixture

@@ -100,6 +100,7 @@ def _module(name: str, package: bool = True) -> types.ModuleType:
 
 # -- the bridge's graph key (hpu/graphs.py, input_hash) ---------------------------------------
 
+
 def is_autocast_hpu_enabled() -> bool:
     return _native_autocast_enabled("hpu")
 
@@ -127,8 +128,12 @@ def input_hash(obj) -> int:
 
 _AUTOCAST_KEYS = functools.reduce(
     lambda a, b: a | b,
-    (torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
-     for name in dir(torch._C.DispatchKey) if name.startswith("Autocast")))
+    (
+        torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+        for name in dir(torch._C.DispatchKey)
+        if name.startswith("Autocast")
+    ),
+)
 
 
 class _Graph:
@@ -205,8 +210,7 @@ def bridge_table() -> Dict[torch._ops.OpOverload, str]:
 
 def _eligible(x) -> bool:
     # ATen's is_eligible for DeviceType::HPU: defined, floating, on an HPU, not float64.
-    return (isinstance(x, torch.Tensor) and x.device.type == "hpu" and x.is_floating_point()
-            and x.dtype != torch.float64)
+    return isinstance(x, torch.Tensor) and x.device.type == "hpu" and x.is_floating_point() and x.dtype != torch.float64
 
 
 def _cast(to_type: torch.dtype, arg):
@@ -305,9 +309,11 @@ def _register_fp8_gemm() -> None:
     if _fp8_gemm is not None:
         return
     lib = Library("hpu", "DEF")
-    lib.define("fp8_gemm_v2(Tensor A, bool trans_A, Tensor B, bool trans_B, Tensor? D, ScalarType out_dtype, "
-               "Tensor? A_scale_inv=None, Tensor? B_scale_inv=None, Tensor? bias=None, bool accumulate=False) "
-               "-> Tensor")
+    lib.define(
+        "fp8_gemm_v2(Tensor A, bool trans_A, Tensor B, bool trans_B, Tensor? D, ScalarType out_dtype, "
+        "Tensor? A_scale_inv=None, Tensor? B_scale_inv=None, Tensor? bias=None, bool accumulate=False) "
+        "-> Tensor"
+    )
 
     def operands(A, trans_A, B, trans_B):
         return (A.t() if trans_A else A), (B.t() if trans_B else B)
@@ -361,8 +367,10 @@ def _propagated_dtypes(gm: torch.fx.GraphModule, example_inputs) -> Dict[str, to
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
-    inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(
-        x, torch._subclasses.FakeTensor) else x for x in example_inputs]
+    inputs = [
+        mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor) else x
+        for x in example_inputs
+    ]
     seen: Dict[str, torch.dtype] = {}
 
     class Propagation(torch.fx.Interpreter):
@@ -380,14 +388,16 @@ def _propagated_dtypes(gm: torch.fx.GraphModule, example_inputs) -> Dict[str, to
 
 def _hpu_compiler(kind: str):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        traced = {n.name: n.meta["val"].dtype for n in gm.graph.nodes
-                  if isinstance(n.meta.get("val"), torch.Tensor)}
+        traced = {n.name: n.meta["val"].dtype for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
         propagated = _propagated_dtypes(gm, example_inputs)
         differ = sorted(n for n in traced if propagated.get(n, traced[n]) != traced[n])
         if differ:  # the recipe would be built for other dtypes than the graph computes in
             raise RuntimeError(f"hpu_backend stand-in: propagation changed the dtypes of {differ}")
-        casts = sum(1 for n in gm.graph.nodes if n.target in (
-            torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default))
+        casts = sum(
+            1
+            for n in gm.graph.nodes
+            if n.target in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+        )
         if _active is not None:
             _active.calls.append(("compile", kind, casts))
 
@@ -412,8 +422,11 @@ def _register_hpu_backend() -> None:
     from torch._dynamo.backends.registry import register_backend
 
     def hpu_backend(graph_module, example_inputs, **kwargs):
-        return aot_autograd(fw_compiler=_hpu_compiler("forward"), bw_compiler=_hpu_compiler("backward"),
-                            inference_compiler=_hpu_compiler("inference"))(graph_module, example_inputs)
+        return aot_autograd(
+            fw_compiler=_hpu_compiler("forward"),
+            bw_compiler=_hpu_compiler("backward"),
+            inference_compiler=_hpu_compiler("inference"),
+        )(graph_module, example_inputs)
 
     register_backend(hpu_backend, name="hpu_backend")
     _backend_registered = True
@@ -423,6 +436,7 @@ _active: Optional[Bridge] = None  # the installed stand-in, which the backend re
 
 
 # -- install ---------------------------------------------------------------------------------
+
 
 def real_bridge_loaded() -> bool:
     """Gaudi's own bridge is imported in this process (on a Gaudi, ``import torch`` loads it)."""
@@ -439,8 +453,9 @@ def _skip_under_a_real_bridge() -> None:
         pytest.skip("Gaudi's bridge is loaded: this test runs against the stand-in, not against it")
 
 
-def install(monkeypatch, *, available: bool = True, lazy: bool = True,
-            with_is_lazy: bool = True, device_name: str = "GAUDI") -> Bridge:
+def install(
+    monkeypatch, *, available: bool = True, lazy: bool = True, with_is_lazy: bool = True, device_name: str = "GAUDI"
+) -> Bridge:
     _skip_under_a_real_bridge()
     bridge = Bridge(available, lazy)
     bridge.device_name = device_name
@@ -455,10 +470,12 @@ def install(monkeypatch, *, available: bool = True, lazy: bool = True,
     def mark_step(device_str: str = "", sync: bool = False) -> None:
         bridge.calls.append(("mark_step", device_str, sync))
 
-    def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False,
-                          max_graphs: Optional[int] = None):
-        bridge.calls.append(("wrap", type(module).__name__,
-                             dict(asynchronous=asynchronous, disable_tensor_cache=disable_tensor_cache)))
+    def wrap_in_hpu_graph(
+        module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs: Optional[int] = None
+    ):
+        bridge.calls.append(
+            ("wrap", type(module).__name__, dict(asynchronous=asynchronous, disable_tensor_cache=disable_tensor_cache))
+        )
         cache = {}
         numbers = {}
         orig_fwd = module.forward

@@ -176,18 +176,24 @@ SPELLINGS: Dict[str, Dict[str, str]] = {
     "enable_grad": {NATIVE: "torch.enable_grad()", OURS: "torch.enable_grad()"},
     "inference_mode": {NATIVE: "torch.inference_mode()", OURS: "torch.inference_mode()"},
     # native autocast nested in the region (on, off, cache on or off), the same text both sides
-    "autocast": {NATIVE: 'torch.autocast("cpu", dtype={dtype}, enabled={enabled}, cache_enabled={cache})',
-                 OURS: 'torch.autocast("cpu", dtype={dtype}, enabled={enabled}, cache_enabled={cache})'},
+    "autocast": {
+        NATIVE: 'torch.autocast("cpu", dtype={dtype}, enabled={enabled}, cache_enabled={cache})',
+        OURS: 'torch.autocast("cpu", dtype={dtype}, enabled={enabled}, cache_enabled={cache})',
+    },
     # the package's opt-outs: native's is torch.autocast(enabled=False)
     "disable_casts": {NATIVE: 'torch.autocast("cpu", enabled=False)', OURS: "hpu_autocast.disable_casts()"},
     "mode_off": {NATIVE: 'torch.autocast("cpu", enabled=False)', OURS: "HpuAutocastMode(enabled=False)"},
     # a region nested in the region (or opened after it): native's is torch.autocast
-    "region": {NATIVE: 'torch.autocast("cpu", dtype={dtype}, cache_enabled={cache})',
-               OURS: 'HpuAutocastMode({dtype}, policy="torch-cpu", cache_enabled={cache})'},
+    "region": {
+        NATIVE: 'torch.autocast("cpu", dtype={dtype}, cache_enabled={cache})',
+        OURS: 'HpuAutocastMode({dtype}, policy="torch-cpu", cache_enabled={cache})',
+    },
     # the deprecated per-device spelling (torch.autocast underneath), and an opt-out for another
     # device type, which leaves CPU casting on
-    "cpu_amp": {NATIVE: "torch.cpu.amp.autocast(dtype={dtype}, cache_enabled={cache})",
-                OURS: "torch.cpu.amp.autocast(dtype={dtype}, cache_enabled={cache})"},
+    "cpu_amp": {
+        NATIVE: "torch.cpu.amp.autocast(dtype={dtype}, cache_enabled={cache})",
+        OURS: "torch.cpu.amp.autocast(dtype={dtype}, cache_enabled={cache})",
+    },
     "cuda_off": {NATIVE: 'torch.autocast("cuda", enabled=False)', OURS: 'torch.autocast("cuda", enabled=False)'},
     # a worker thread started in the block and joined at its end; `copy` runs it in a copy of
     # the spawning context (as asyncio.to_thread and contextvars-aware pools do)
@@ -205,6 +211,7 @@ def _operands(template: str) -> List[str]:
 @dataclasses.dataclass(frozen=True)
 class Op:
     """``t<n> = <OPS[name]>``: the result joins the pool."""
+
     name: str
     args: Tuple[int, int, int]
 
@@ -212,6 +219,7 @@ class Op:
 @dataclasses.dataclass(frozen=True)
 class Event:
     """``<EVENTS[name]>``: a statement; ``guards`` records the guards' answers."""
+
     name: str
     args: Tuple[int, int, int]
 
@@ -219,6 +227,7 @@ class Event:
 @dataclasses.dataclass(frozen=True)
 class Block:
     """``with <SPELLINGS[kind][side]>:`` over ``body``."""
+
     kind: str
     params: Tuple[Tuple[str, Any], ...]
     body: Tuple[Any, ...]
@@ -227,6 +236,7 @@ class Block:
 @dataclasses.dataclass(frozen=True)
 class Program:
     """``body`` runs inside the region (``dtype``, ``cache``), ``after`` after it has exited."""
+
     seed: int
     dtype: torch.dtype
     cache: bool
@@ -284,7 +294,8 @@ def compiled_functions() -> Dict[str, Any]:
         _compiled.update(
             compiled_mm=torch.compile(_compiled_mm, backend="eager", dynamic=False),
             compiled_linear=torch.compile(_compiled_linear, backend="aot_eager", dynamic=False),
-            compiled_guarded=torch.compile(_compiled_guarded, backend="eager", dynamic=False))
+            compiled_guarded=torch.compile(_compiled_guarded, backend="eager", dynamic=False),
+        )
     return _compiled
 
 
@@ -328,11 +339,13 @@ _NOT_COMPARED = "(not compared: a disabled region's dtype, docs/design.md)"
 
 def GUARDS() -> Tuple[Tuple[str, Any], ...]:  # noqa: N802 (it is a name in the program text)
     """The answers of the guards that code written for torch.autocast asks."""
-    return (("is_autocast_enabled('cpu')", torch.is_autocast_enabled("cpu")),
-            ("get_autocast_dtype('cpu')", torch.get_autocast_dtype("cpu")),
-            ("is_autocast_cache_enabled()", torch.is_autocast_cache_enabled()),
-            ("is_autocast_enabled()", torch.is_autocast_enabled()),
-            ("_is_any_autocast_enabled()", torch._C._is_any_autocast_enabled()))
+    return (
+        ("is_autocast_enabled('cpu')", torch.is_autocast_enabled("cpu")),
+        ("get_autocast_dtype('cpu')", torch.get_autocast_dtype("cpu")),
+        ("is_autocast_cache_enabled()", torch.is_autocast_cache_enabled()),
+        ("is_autocast_enabled()", torch.is_autocast_enabled()),
+        ("_is_any_autocast_enabled()", torch._C._is_any_autocast_enabled()),
+    )
 
 
 LEAVES = ("w0", "w1", "x", "buf", "xd", "h")
@@ -348,9 +361,14 @@ def initial_state(seed: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, nn.Modu
     def randn(*shape):
         return torch.randn(*shape, generator=g)
 
-    tensors = {"w0": randn(4, 4), "w1": randn(4, 4).requires_grad_(),
-               "x": randn(4, 4), "buf": randn(4, 4), "xd": randn(4, 4).double(),
-               "h": randn(4, 4).bfloat16().requires_grad_()}
+    tensors = {
+        "w0": randn(4, 4),
+        "w1": randn(4, 4).requires_grad_(),
+        "x": randn(4, 4),
+        "buf": randn(4, 4),
+        "xd": randn(4, 4).double(),
+        "h": randn(4, 4).bfloat16().requires_grad_(),
+    }
     modules = {"lin": nn.Linear(4, 4), "conv": nn.Conv1d(4, 4, 1), "ln": nn.LayerNorm(4)}
     with torch.no_grad():
         for m in modules.values():
@@ -362,9 +380,11 @@ def initial_state(seed: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, nn.Modu
 
 def setup_source(program: Program) -> str:
     """The lines that make a program's initial state, for a pasted repro."""
-    return (f"tensors, modules = initial_state({program.seed})  # tests/_fuzz.py\n"
-            "t0, t1, t2, t3, t4, t5 = tensors.values()  # w0, w1, x, buf, xd, h\n"
-            "lin, conv, ln = modules.values()")
+    return (
+        f"tensors, modules = initial_state({program.seed})  # tests/_fuzz.py\n"
+        "t0, t1, t2, t3, t4, t5 = tensors.values()  # w0, w1, x, buf, xd, h\n"
+        "lin, conv, ln = modules.values()"
+    )
 
 
 # --- the records of a run ------------------------------------------------------------------------
@@ -374,6 +394,7 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 @dataclasses.dataclass(frozen=True)
 class Seen:
     """A tensor as a step left it: metadata and a copy of its bits."""
+
     dtype: torch.dtype
     shape: Tuple[int, ...]
     stride: Tuple[int, ...]
@@ -392,8 +413,9 @@ class Seen:
             grad_fn = type(t.grad_fn).__name__ if t.grad_fn is not None else None
         except RuntimeError:
             grad_fn = "(raises RuntimeError)"
-        return cls(t.dtype, tuple(t.shape), t.stride(), t.requires_grad, grad_fn is None,
-                   grad_fn, t.is_inference(), bits)
+        return cls(
+            t.dtype, tuple(t.shape), t.stride(), t.requires_grad, grad_fn is None, grad_fn, t.is_inference(), bits
+        )
 
     def same(self, other: "Seen") -> bool:
         return self == other and torch.equal(self.bits, other.bits)
@@ -405,13 +427,14 @@ class Seen:
 
 @dataclasses.dataclass
 class Record:
-    where: str          # the step's text (side-neutral: blocks by kind)
-    what: Any           # a Seen, a Raised, guard answers, or None
+    where: str  # the step's text (side-neutral: blocks by kind)
+    what: Any  # a Seen, a Raised, guard answers, or None
 
 
 @dataclasses.dataclass(frozen=True)
 class Raised:
     """A step raised an exception of this type."""
+
     type: type
 
     def __repr__(self) -> str:
@@ -452,8 +475,10 @@ def _first(native: List[Record], ours: List[Record]) -> Optional[Tuple[str, str]
         if n.where != o.where:
             return "order", f"record {i}: native ran {n.where!r}, ours {o.where!r}"
         if not same(n.what, o.what):
-            return _kind(n.what, o.what), (f"record {i}, {n.where}:\n  native: {_show(n.what)}\n"
-                                           f"  ours:   {_show(o.what)}{_where_bits_differ(n.what, o.what)}")
+            return _kind(n.what, o.what), (
+                f"record {i}, {n.where}:\n  native: {_show(n.what)}\n"
+                f"  ours:   {_show(o.what)}{_where_bits_differ(n.what, o.what)}"
+            )
     if len(native) != len(ours):
         return "length", f"native left {len(native)} records, ours {len(ours)}"
     return None
@@ -463,14 +488,18 @@ def _where_bits_differ(native: Any, ours: Any) -> str:
     if not (isinstance(native, Seen) and isinstance(ours, Seen) and native == ours):
         return ""
     i = int((native.bits.flatten() != ours.bits.flatten()).nonzero()[0])
-    n, o = (x.bits.view(x.dtype).flatten()[i].item() if x.dtype != torch.bool else bool(x.bits.flatten()[i])
-            for x in (native, ours))
+    n, o = (
+        x.bits.view(x.dtype).flatten()[i].item() if x.dtype != torch.bool else bool(x.bits.flatten()[i])
+        for x in (native, ours)
+    )
     return f"\n  first differing element: [{i}] native {n!r}, ours {o!r}"
 
 
 def _kind(native: Any, ours: Any) -> str:
     if isinstance(native, Seen) and isinstance(ours, Seen):
-        fields = [f.name for f in dataclasses.fields(Seen) if f.compare and getattr(native, f.name) != getattr(ours, f.name)]
+        fields = [
+            f.name for f in dataclasses.fields(Seen) if f.compare and getattr(native, f.name) != getattr(ours, f.name)
+        ]
         return "tensor " + (",".join(fields) or "bits")
     if isinstance(native, tuple) and isinstance(ours, tuple) and len(native) == len(ours):
         return "guards " + ",".join(n[0] for n, o in zip(native, ours) if not same(n, o))
@@ -488,12 +517,12 @@ def _variants(steps: tuple):
     """``steps`` with one step dropped, or one block replaced by its body, or one block's body
     so changed: the candidates of one minimisation round."""
     for i, step in enumerate(steps):
-        yield steps[:i] + steps[i + 1:]
+        yield steps[:i] + steps[i + 1 :]
         if isinstance(step, Block):
-            yield steps[:i] + step.body + steps[i + 1:]
+            yield steps[:i] + step.body + steps[i + 1 :]
             for body in _variants(step.body):
                 if body:
-                    yield steps[:i] + (dataclasses.replace(step, body=body),) + steps[i + 1:]
+                    yield steps[:i] + (dataclasses.replace(step, body=body),) + steps[i + 1 :]
 
 
 def minimise(program: "Program", kind: str) -> "Program":
@@ -530,11 +559,23 @@ class Run:
         self.trace: List[Record] = []
         self.lines: List[str] = []
         self.names: Dict[str, Any] = {
-            "torch": torch, "F": F, "hpu_autocast": hpu_autocast, "HpuAutocastMode": HpuAutocastMode,
-            "IDX": torch.tensor([0, 2]), "M": torch.arange(16).view(4, 4) % 3 == 0,
-            "GUARDS": GUARDS, "mm_relu": mm_relu, "checkpoint": torch_checkpoint.checkpoint,
-            "branch_mm": branch_mm, "branch_mm_t": branch_mm_t, "row_mm": row_mm, "hop_map": _hop_map,
-            "scripted": _ScriptedOnFirstCall(), **self.modules, **compiled_functions()}
+            "torch": torch,
+            "F": F,
+            "hpu_autocast": hpu_autocast,
+            "HpuAutocastMode": HpuAutocastMode,
+            "IDX": torch.tensor([0, 2]),
+            "M": torch.arange(16).view(4, 4) % 3 == 0,
+            "GUARDS": GUARDS,
+            "mm_relu": mm_relu,
+            "checkpoint": torch_checkpoint.checkpoint,
+            "branch_mm": branch_mm,
+            "branch_mm_t": branch_mm_t,
+            "row_mm": row_mm,
+            "hop_map": _hop_map,
+            "scripted": _ScriptedOnFirstCall(),
+            **self.modules,
+            **compiled_functions(),
+        }
         self._lock = threading.Lock()
 
     # The region around the body, spelled as a block of kind "region".
@@ -552,14 +593,14 @@ class Run:
             for mname, m in self.modules.items():
                 for pname, t in m.named_parameters():
                     self._record(f"{mname}.{pname}.grad", t.grad)
-            for name, t in self.pool[len(self.leaves):]:
+            for name, t in self.pool[len(self.leaves) :]:
                 self._record(f"{name} (final)", t)
         return self
 
     def _backward_all(self) -> None:
         """Backward from every result that requires grad, so each program's gradients are
         compared (a copy saved under inference mode, two uses of one cast)."""
-        names = [name for name, t in self.pool[len(self.leaves):] if t.requires_grad and not t.is_inference()]
+        names = [name for name, t in self.pool[len(self.leaves) :] if t.requires_grad and not t.is_inference()]
         if not names:
             return
         text = f"sum(t.float().sum() for t in [{', '.join(names)}]).backward()"
@@ -628,9 +669,13 @@ class Run:
         opener = SPELLINGS[block.kind][self.side].format(**{k: _param_text(v) for k, v in params.items()})
         neutral = f"{block.kind}({', '.join(f'{k}={_param_text(v)}' for k, v in block.params)})"
         inside = f"{context}/{neutral}" if context else neutral
-        shown = f"with {opener}:" + ("" if self.side == NATIVE else
-                                     f"  # native: {SPELLINGS[block.kind][NATIVE].format(**{k: _param_text(v) for k, v in params.items()})}"
-                                     if SPELLINGS[block.kind][NATIVE] != SPELLINGS[block.kind][OURS] else "")
+        shown = f"with {opener}:" + (
+            ""
+            if self.side == NATIVE
+            else f"  # native: {SPELLINGS[block.kind][NATIVE].format(**{k: _param_text(v) for k, v in params.items()})}"
+            if SPELLINGS[block.kind][NATIVE] != SPELLINGS[block.kind][OURS]
+            else ""
+        )
         self.lines.append("    " * depth + shown)
         if block.kind == "thread":
             self._record(f"enter {inside}", None)
@@ -683,8 +728,18 @@ def _code(source: str, mode: str):
 
 # --- the strategies ------------------------------------------------------------------------------
 #: Block kinds, simplest first (hypothesis shrinks a choice towards the first).
-KINDS = ("no_grad", "autocast", "disable_casts", "inference_mode", "thread", "region", "mode_off", "enable_grad",
-         "cpu_amp", "cuda_off")
+KINDS = (
+    "no_grad",
+    "autocast",
+    "disable_casts",
+    "inference_mode",
+    "thread",
+    "region",
+    "mode_off",
+    "enable_grad",
+    "cpu_amp",
+    "cuda_off",
+)
 
 
 #: Each block kind's parameters: (name, the values it takes, simplest first).
@@ -727,7 +782,9 @@ def _resolve(raw, swarm) -> tuple:
             steps.append(cls(names[y % len(names)], tuple(pick[i % len(pick)] for i in rest[:3])))
         else:
             kind = kinds[x % len(kinds)]
-            params = tuple((name, values[p % len(values)]) for (name, values), p in zip(PARAMS.get(kind, ()), (y, *rest[:2])))
+            params = tuple(
+                (name, values[p % len(values)]) for (name, values), p in zip(PARAMS.get(kind, ()), (y, *rest[:2]))
+            )
             steps.append(Block(kind, params, _resolve(rest[2], swarm)))
     return tuple(steps)
 
@@ -750,22 +807,31 @@ def programs(exclude=(), depth: int = 2, max_steps: int = 10):
     all_kinds = tuple(k for k in KINDS if k not in exclude)
     # Mostly the weights, the input, the buffer and the latest two results; at times the float64
     # input, the bfloat16 weight and the third latest result.
-    operands = st.lists(st.one_of(st.integers(-2, 3), st.integers(-3, len(LEAVES) - 1)), min_size=1, max_size=3,
-                        unique=True)
+    operands = st.lists(
+        st.one_of(st.integers(-2, 3), st.integers(-3, len(LEAVES) - 1)), min_size=1, max_size=3, unique=True
+    )
     swarm = st.tuples(
         operands,
         st.lists(st.sampled_from(lower), min_size=1, max_size=2, unique=True) if lower else st.just([]),
-        st.lists(st.sampled_from(others), min_size=0 if lower else 1, max_size=3, unique=True) if others else st.just([]),
+        st.lists(st.sampled_from(others), min_size=0 if lower else 1, max_size=3, unique=True)
+        if others
+        else st.just([]),
         st.lists(st.sampled_from(all_events), min_size=1, max_size=3, unique=True) if all_events else st.just([]),
-        st.lists(st.sampled_from(all_kinds), max_size=3, unique=True) if all_kinds else st.just([]))
+        st.lists(st.sampled_from(all_kinds), max_size=3, unique=True) if all_kinds else st.just([]),
+    )
     body, after = _raw_steps(depth, 1, max_steps), _raw_steps(depth, 0, 4)
 
     @st.composite
     def program(draw):
         operands, lower_ops, other_ops, events, kinds = draw(swarm)
         chosen = (operands, lower_ops + other_ops, events, kinds)
-        p = Program(draw(st.integers(0, 255)), draw(st.sampled_from(DTYPES)), draw(st.booleans()),
-                    _resolve(draw(body), chosen), _resolve(draw(after), chosen))
+        p = Program(
+            draw(st.integers(0, 255)),
+            draw(st.sampled_from(DTYPES)),
+            draw(st.booleans()),
+            _resolve(draw(body), chosen),
+            _resolve(draw(after), chosen),
+        )
         if _switches_dtype(p.body + p.after, p.dtype) or _autocast_in_thread(p.body + p.after):
             p = dataclasses.replace(p, cache=False, body=_no_cache(p.body), after=_no_cache(p.after))
         return p
@@ -778,8 +844,10 @@ def programs(exclude=(), depth: int = 2, max_steps: int = 10):
 # the tensor alone: a bfloat16 copy served in a float16 block, a mixed-dtype matmul that raises).
 # A program that changes the dtype inside its region therefore runs with every cache off.
 def _switches_dtype(steps: tuple, dtype: torch.dtype) -> bool:
-    return any(isinstance(s, Block) and (dict(s.params).get("dtype") not in (None, dtype)
-                                         or _switches_dtype(s.body, dtype)) for s in steps)
+    return any(
+        isinstance(s, Block) and (dict(s.params).get("dtype") not in (None, dtype) or _switches_dtype(s.body, dtype))
+        for s in steps
+    )
 
 
 # Native's cast cache is one for the process, not one per thread: a worker thread's
@@ -788,20 +856,37 @@ def _switches_dtype(steps: tuple, dtype: torch.dtype) -> bool:
 # mutex, a nesting count per thread). The package's cache is its region's, in its thread. A
 # program with autocast blocks inside a worker thread therefore runs with every cache off.
 def _autocast_in_thread(steps: tuple, in_thread: bool = False) -> bool:
-    return any(isinstance(s, Block) and ((in_thread and s.kind in (*_OWNERS, "cuda_off"))
-                                         or _autocast_in_thread(s.body, in_thread or s.kind == "thread"))
-               for s in steps)
+    return any(
+        isinstance(s, Block)
+        and (
+            (in_thread and s.kind in (*_OWNERS, "cuda_off"))
+            or _autocast_in_thread(s.body, in_thread or s.kind == "thread")
+        )
+        for s in steps
+    )
 
 
 def _no_cache(steps: tuple) -> tuple:
-    return tuple(dataclasses.replace(s, params=tuple((k, False if k == "cache" else v) for k, v in s.params),
-                                     body=_no_cache(s.body)) if isinstance(s, Block) else s for s in steps)
+    return tuple(
+        dataclasses.replace(
+            s, params=tuple((k, False if k == "cache" else v) for k, v in s.params), body=_no_cache(s.body)
+        )
+        if isinstance(s, Block)
+        else s
+        for s in steps
+    )
 
 
 def _global_state() -> tuple:
-    return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled(),
-            torch._C._is_any_autocast_enabled(), hpu_autocast.is_enabled(), torch.is_grad_enabled(),
-            torch.is_inference_mode_enabled())
+    return (
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_cache_enabled(),
+        torch._C._is_any_autocast_enabled(),
+        hpu_autocast.is_enabled(),
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+    )
 
 
 def _compiles(steps: tuple) -> bool:
@@ -832,7 +917,7 @@ def run_both(program: Program) -> Tuple[Run, Run]:
 def describe(program: Program, ours: Run) -> str:
     """The program as it ran under the package (its region first), ready to paste after
     ``setup_source``."""
-    head = [f"# seed={program.seed}: native ran the first block as torch.autocast(\"cpu\", ...)"]
+    head = [f'# seed={program.seed}: native ran the first block as torch.autocast("cpu", ...)']
     if any("worker_thread(" in line for line in ours.lines):
         head.append("# with worker_thread(...): its body ran in a new thread, started and joined there")
     return "\n".join([*head, setup_source(program), *ours.lines])

@@ -59,6 +59,7 @@ def _if_registered(packet: str, calls: Dict[str, Callable[[], Call]]) -> Dict[st
     prod and index_copy are registered on torch 2.9, not on 2.13 (which has no named tensors);
     _addmm_activation not on 2.4; cholesky and qr not on 2.14 (which has neither op);
     linalg_matrix_sqrth from 2.14 on."""
+
     def registered(overload: str) -> bool:
         name = f"aten::{packet}" if overload == "default" else f"aten::{packet}.{overload}"
         try:
@@ -100,8 +101,10 @@ def _lu_solve() -> Dict[str, Call]:
 
 def _ctc() -> Dict[str, Call]:
     log_probs, targets = r(6, 2, 4).log_softmax(-1), torch.tensor([[1, 2], [3, 1]])
-    return {"IntList": c(log_probs, targets, [6, 6], [2, 2]),
-            "Tensor": c(log_probs, targets, torch.tensor([6, 6]), torch.tensor([2, 2]))}
+    return {
+        "IntList": c(log_probs, targets, [6, 6], [2, 2]),
+        "Tensor": c(log_probs, targets, torch.tensor([6, 6]), torch.tensor([2, 2])),
+    }
 
 
 def _mha() -> Dict[str, Call]:
@@ -115,8 +118,24 @@ def _rnn_layer() -> Dict[str, Call]:
     # reverse, batch_sizes, mode (ideep's LSTM = 2), hidden size, layers, biases, bidirectional,
     # batch_first, train.
     t, b, i, h = 3, 2, 4, 3
-    return _one(r(t, b, i), r(4 * h, i), r(4 * h, h), r(4 * h), r(4 * h), r(b, h), r(b, h),
-                False, [], 2, h, 1, True, False, False, True)
+    return _one(
+        r(t, b, i),
+        r(4 * h, i),
+        r(4 * h, h),
+        r(4 * h),
+        r(4 * h),
+        r(b, h),
+        r(b, h),
+        False,
+        [],
+        2,
+        h,
+        1,
+        True,
+        False,
+        False,
+        True,
+    )
 
 
 def _fft(dims: int) -> Dict[str, Call]:
@@ -125,9 +144,12 @@ def _fft(dims: int) -> Dict[str, Call]:
 
 def _matrix_rank() -> Dict[str, Call]:
     a = r(4, 3)
-    return {"default": c(a, 0.1), "tol_tensor": c(a, torch.tensor(0.1)),
-            "atol_rtol_float": c(a, atol=0.1, rtol=0.01),
-            "atol_rtol_tensor": c(a, atol=torch.tensor(0.1), rtol=torch.tensor(0.01))}
+    return {
+        "default": c(a, 0.1),
+        "tol_tensor": c(a, torch.tensor(0.1)),
+        "atol_rtol_float": c(a, atol=0.1, rtol=0.01),
+        "atol_rtol_tensor": c(a, atol=torch.tensor(0.1), rtol=torch.tensor(0.01)),
+    }
 
 
 #: Packet name -> builder of ``{overload name: (args, kwargs)}`` for ``torch.ops.aten``.
@@ -139,8 +161,9 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "addbmm": lambda: _one(r(2, 3), r(2, 2, 4), r(2, 4, 3)),
     "baddbmm": lambda: _one(r(2, 2, 3), r(2, 2, 4), r(2, 4, 3)),
     # Registered for AutocastCPU from torch 2.5 on.
-    "_addmm_activation": lambda: _if_registered("_addmm_activation", {
-        "default": lambda: c(r(3), r(2, 4), r(4, 3), use_gelu=True)}),
+    "_addmm_activation": lambda: _if_registered(
+        "_addmm_activation", {"default": lambda: c(r(3), r(2, 4), r(4, 3), use_gelu=True)}
+    ),
     "matmul": lambda: _one(r(2, 3, 4), r(4, 2)),
     "linear": lambda: _one(r(2, 4), r(3, 4), r(3)),
     "linalg_vecdot": lambda: _one(r(3, 4), r(3, 4), dim=0),
@@ -150,8 +173,9 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "conv_transpose1d": lambda: _conv_t(1, "default"),
     "conv_transpose2d": lambda: _conv_t(2, "input"),
     "conv_transpose3d": lambda: _conv_t(3, "input"),
-    "_convolution": lambda: {"deprecated": c(r(1, 2, 5), r(3, 2, 3), r(3), [1], [0], [1], False, [0], 1,
-                                             False, False, True)},
+    "_convolution": lambda: {
+        "deprecated": c(r(1, 2, 5), r(3, 2, 3), r(3), [1], [0], [1], False, [0], 1, False, False, True)
+    },
     "conv_tbc": lambda: _one(r(5, 1, 2), r(3, 2, 4), r(4), 1),
     "prelu": lambda: _one(r(2, 3, 4), pos(3)),
     "scaled_dot_product_attention": lambda: _one(r(1, 2, 3, 4), r(1, 2, 3, 4), r(1, 2, 3, 4)),
@@ -165,8 +189,7 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "max_unpool2d": lambda: _unpool(2),
     "max_unpool3d": lambda: _unpool(3),
     "fractional_max_pool2d": lambda: _one(r(1, 1, 5, 5), [2, 2], [2, 2], torch.rand(1, 1, 2, generator=_gen)),
-    "fractional_max_pool3d": lambda: _one(r(1, 1, 5, 5, 5), [2, 2, 2], [2, 2, 2],
-                                          torch.rand(1, 1, 3, generator=_gen)),
+    "fractional_max_pool3d": lambda: _one(r(1, 1, 5, 5, 5), [2, 2, 2], [2, 2, 2], torch.rand(1, 1, 3, generator=_gen)),
     "reflection_pad1d": lambda: _one(r(1, 2, 4), [1, 1]),
     "reflection_pad2d": lambda: _one(r(1, 2, 4, 4), [1, 1, 1, 1]),
     "replication_pad1d": lambda: _one(r(1, 2, 4), [1, 1]),
@@ -178,12 +201,20 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     "grid_sampler_3d": lambda: _one(r(1, 2, 3, 3, 3), grid(3), 0, 0, False),
     # --- misc math (float32) ----------------------------------------------------------------
     "polar": lambda: _one(pos(3), r(3)),
-    "prod": lambda: _if_registered("prod", {"default": lambda: c(r(3, 4)), "dim_int": lambda: c(r(3, 4), 1, True),
-                                            "dim_Dimname": lambda: c(_named(3, 4), "C", True)}),
+    "prod": lambda: _if_registered(
+        "prod",
+        {
+            "default": lambda: c(r(3, 4)),
+            "dim_int": lambda: c(r(3, 4), 1, True),
+            "dim_Dimname": lambda: c(_named(3, 4), "C", True),
+        },
+    ),
     "quantile": lambda: {"default": c(r(3, 4), torch.tensor([0.3, 0.6])), "scalar": c(r(3, 4), 0.3, 1)},
     "nanquantile": lambda: {"default": c(r(3, 4), torch.tensor([0.3, 0.6])), "scalar": c(r(3, 4), 0.3, 1)},
-    "stft": lambda: {"default": c(r(16), 8, return_complex=True),
-                     "center": c(r(16), 8, None, None, None, True, "reflect", False, None, True)},
+    "stft": lambda: {
+        "default": c(r(16), 8, return_complex=True),
+        "center": c(r(16), 8, None, None, None, True, "reflect", False, None, True),
+    },
     "cdist": lambda: _one(r(3, 4), r(2, 4)),
     "trace": lambda: _one(r(3, 3)),
     "view_as_complex": lambda: _one(r(3, 2)),
@@ -261,9 +292,13 @@ ATEN: Dict[str, Callable[[], Dict[str, Call]]] = {
     # --- promote to the widest input --------------------------------------------------------
     "cat": lambda: {"default": c([r(2, 3), r(1, 3)], 0)},
     "stack": lambda: {"default": c([r(2, 3), r(2, 3)], 1)},
-    "index_copy": lambda: _if_registered("index_copy", {
-        "default": lambda: c(r(4, 3), 0, torch.tensor([0, 2]), r(2, 3)),
-        "dimname": lambda: c(_named(4, 3), "N", torch.tensor([0, 2]), _named(2, 3))}),
+    "index_copy": lambda: _if_registered(
+        "index_copy",
+        {
+            "default": lambda: c(r(4, 3), 0, torch.tensor([0, 2]), r(2, 3)),
+            "dimname": lambda: c(_named(4, 3), "N", torch.tensor([0, 2]), _named(2, 3)),
+        },
+    ),
 }
 
 
@@ -274,6 +309,7 @@ def aten_call(packet: str, overload: str) -> Call:
 
 
 # --- variants of the inputs ------------------------------------------------------------------
+
 
 def _floating(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
@@ -310,6 +346,7 @@ VARIANTS = {"f32": as_f32, "lower": as_lower, "mixed": as_mixed, "f64": as_f64}
 
 
 # --- running and comparing ------------------------------------------------------------------
+
 
 def run(fn: Callable, args: tuple, kwargs: dict) -> Tuple[object, Optional[type]]:
     """``(fn(*args, **kwargs), None)``, or ``(None, type of the exception)`` it raised."""

@@ -76,8 +76,10 @@ def _image(g: torch.Generator, size: int) -> Dict[str, torch.Tensor]:
 
 def _audio(g: torch.Generator) -> Dict[str, torch.Tensor]:
     # 128 samples give 14 frames through the feature encoder below; CTC targets of 4 tokens.
-    return {"input_values": torch.randn(BATCH, 128, generator=g),
-            "labels": torch.randint(1, 16, (BATCH, 4), generator=g)}
+    return {
+        "input_values": torch.randn(BATCH, 128, generator=g),
+        "labels": torch.randint(1, 16, (BATCH, 4), generator=g),
+    }
 
 
 def _mel(g: torch.Generator) -> Dict[str, torch.Tensor]:
@@ -89,20 +91,42 @@ def _model(cls, config) -> Callable[[], torch.nn.Module]:
     def build():
         torch.manual_seed(0)
         return cls(config)
+
     return build
 
 
 def _gpt2(attn: str = "eager", **kw) -> Callable[[], torch.nn.Module]:
-    config = tf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2,
-                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-                           use_cache=False, attn_implementation=attn, **kw)
+    config = tf.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        attn_implementation=attn,
+        **kw,
+    )
     return _model(tf.GPT2LMHeadModel, config)
 
 
 def _bert(attn: str) -> Callable[[], torch.nn.Module]:
-    config = tf.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=32, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0, num_labels=LABELS, attn_implementation=attn)
+    config = tf.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=SEQ,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=LABELS,
+        attn_implementation=attn,
+    )
     return _model(tf.BertForSequenceClassification, config)
 
 
@@ -117,44 +141,179 @@ def _transformers() -> Dict[str, Arch]:
         "gpt2_sdpa": Arch(_gpt2("sdpa"), _text),
         "bert": Arch(_bert("eager"), _classify_text),
         "bert_sdpa": Arch(_bert("sdpa"), _classify_text),
-        "llama": Arch(_model(tf.LlamaForCausalLM, tf.LlamaConfig(
-            vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, max_position_embeddings=SEQ, attn_implementation="eager")), _text),
-        "t5": Arch(_model(tf.T5ForConditionalGeneration, tf.T5Config(
-            vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
-            relative_attention_num_buckets=8, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
-            decoder_start_token_id=0, attn_implementation="eager")), _seq2seq),
-        "bart": Arch(_model(tf.BartForConditionalGeneration, tf.BartConfig(
-            vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=SEQ,
-            dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
-            pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
-            attn_implementation="eager")), _seq2seq),
-        "vit": Arch(_model(tf.ViTForImageClassification, tf.ViTConfig(
-            image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-            intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=LABELS,
-            attn_implementation="eager")), lambda g: _image(g, 8)),
-        "convnext": Arch(_model(tf.ConvNextForImageClassification, tf.ConvNextConfig(
-            num_channels=3, patch_size=2, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], drop_path_rate=0.0,
-            num_labels=LABELS)), lambda g: _image(g, 16)),
+        "llama": Arch(
+            _model(
+                tf.LlamaForCausalLM,
+                tf.LlamaConfig(
+                    vocab_size=VOCAB,
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=2,
+                    num_attention_heads=2,
+                    num_key_value_heads=1,
+                    max_position_embeddings=SEQ,
+                    attn_implementation="eager",
+                ),
+            ),
+            _text,
+        ),
+        "t5": Arch(
+            _model(
+                tf.T5ForConditionalGeneration,
+                tf.T5Config(
+                    vocab_size=VOCAB,
+                    d_model=16,
+                    d_kv=8,
+                    d_ff=32,
+                    num_layers=1,
+                    num_decoder_layers=1,
+                    num_heads=2,
+                    relative_attention_num_buckets=8,
+                    dropout_rate=0.0,
+                    pad_token_id=0,
+                    eos_token_id=1,
+                    decoder_start_token_id=0,
+                    attn_implementation="eager",
+                ),
+            ),
+            _seq2seq,
+        ),
+        "bart": Arch(
+            _model(
+                tf.BartForConditionalGeneration,
+                tf.BartConfig(
+                    vocab_size=VOCAB,
+                    d_model=16,
+                    encoder_layers=1,
+                    decoder_layers=1,
+                    encoder_attention_heads=2,
+                    decoder_attention_heads=2,
+                    encoder_ffn_dim=32,
+                    decoder_ffn_dim=32,
+                    max_position_embeddings=SEQ,
+                    dropout=0.0,
+                    attention_dropout=0.0,
+                    activation_dropout=0.0,
+                    encoder_layerdrop=0.0,
+                    decoder_layerdrop=0.0,
+                    pad_token_id=1,
+                    bos_token_id=0,
+                    eos_token_id=2,
+                    decoder_start_token_id=2,
+                    attn_implementation="eager",
+                ),
+            ),
+            _seq2seq,
+        ),
+        "vit": Arch(
+            _model(
+                tf.ViTForImageClassification,
+                tf.ViTConfig(
+                    image_size=8,
+                    patch_size=4,
+                    num_channels=3,
+                    hidden_size=16,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=32,
+                    hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0,
+                    num_labels=LABELS,
+                    attn_implementation="eager",
+                ),
+            ),
+            lambda g: _image(g, 8),
+        ),
+        "convnext": Arch(
+            _model(
+                tf.ConvNextForImageClassification,
+                tf.ConvNextConfig(
+                    num_channels=3,
+                    patch_size=2,
+                    num_stages=2,
+                    hidden_sizes=[8, 16],
+                    depths=[1, 1],
+                    drop_path_rate=0.0,
+                    num_labels=LABELS,
+                ),
+            ),
+            lambda g: _image(g, 16),
+        ),
         # BatchNorm: its running statistics move in a training step.
-        "resnet": Arch(_model(tf.ResNetForImageClassification, tf.ResNetConfig(
-            num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
-            num_labels=LABELS)), lambda g: _image(g, 16)),
+        "resnet": Arch(
+            _model(
+                tf.ResNetForImageClassification,
+                tf.ResNetConfig(
+                    num_channels=3,
+                    embedding_size=8,
+                    hidden_sizes=[8, 16],
+                    depths=[1, 1],
+                    layer_type="basic",
+                    num_labels=LABELS,
+                ),
+            ),
+            lambda g: _image(g, 16),
+        ),
         # Convolutional feature encoder with group norm, a weight-normed positional convolution, CTC loss.
-        "wav2vec2": Arch(_model(tf.Wav2Vec2ForCTC, tf.Wav2Vec2Config(
-            vocab_size=16, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-            conv_dim=(8, 8), conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=4,
-            num_conv_pos_embedding_groups=2, hidden_dropout=0.0, activation_dropout=0.0, attention_dropout=0.0,
-            feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, mask_feature_prob=0.0,
-            pad_token_id=0, ctc_loss_reduction="mean", attn_implementation="eager")), _audio),
-        "whisper": Arch(_model(tf.WhisperForConditionalGeneration, tf.WhisperConfig(
-            vocab_size=VOCAB, num_mel_bins=8, d_model=16, encoder_layers=1, decoder_layers=1,
-            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-            max_source_positions=8, max_target_positions=SEQ, dropout=0.0, attention_dropout=0.0,
-            activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0, pad_token_id=1, bos_token_id=0,
-            eos_token_id=2, decoder_start_token_id=0, begin_suppress_tokens=None,
-            attn_implementation="eager")), _mel),
+        "wav2vec2": Arch(
+            _model(
+                tf.Wav2Vec2ForCTC,
+                tf.Wav2Vec2Config(
+                    vocab_size=16,
+                    hidden_size=16,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=32,
+                    conv_dim=(8, 8),
+                    conv_stride=(4, 2),
+                    conv_kernel=(8, 4),
+                    num_conv_pos_embeddings=4,
+                    num_conv_pos_embedding_groups=2,
+                    hidden_dropout=0.0,
+                    activation_dropout=0.0,
+                    attention_dropout=0.0,
+                    feat_proj_dropout=0.0,
+                    final_dropout=0.0,
+                    layerdrop=0.0,
+                    mask_time_prob=0.0,
+                    mask_feature_prob=0.0,
+                    pad_token_id=0,
+                    ctc_loss_reduction="mean",
+                    attn_implementation="eager",
+                ),
+            ),
+            _audio,
+        ),
+        "whisper": Arch(
+            _model(
+                tf.WhisperForConditionalGeneration,
+                tf.WhisperConfig(
+                    vocab_size=VOCAB,
+                    num_mel_bins=8,
+                    d_model=16,
+                    encoder_layers=1,
+                    decoder_layers=1,
+                    encoder_attention_heads=2,
+                    decoder_attention_heads=2,
+                    encoder_ffn_dim=32,
+                    decoder_ffn_dim=32,
+                    max_source_positions=8,
+                    max_target_positions=SEQ,
+                    dropout=0.0,
+                    attention_dropout=0.0,
+                    activation_dropout=0.0,
+                    encoder_layerdrop=0.0,
+                    decoder_layerdrop=0.0,
+                    pad_token_id=1,
+                    bos_token_id=0,
+                    eos_token_id=2,
+                    decoder_start_token_id=0,
+                    begin_suppress_tokens=None,
+                    attn_implementation="eager",
+                ),
+            ),
+            _mel,
+        ),
     }
 
 
@@ -184,6 +343,7 @@ def _classifier(make: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Mo
                 if isinstance(weight, torch.nn.Parameter) and not weight.any():
                     weight.normal_(0.0, 0.1)
         return model
+
     return build
 
 
@@ -201,17 +361,29 @@ def _torchvision() -> Dict[str, Arch]:
         # Hardswish, squeeze-and-excitation (adaptive average pooling, hardsigmoid).
         "tv_mobilenet_v3_small": arch(lambda: tv.mobilenet_v3_small(num_classes=LABELS, dropout=0.0)),
         # SiLU, depthwise convolutions, stochastic depth (off).
-        "tv_efficientnet_b0": arch(lambda: tv.efficientnet_b0(num_classes=LABELS, dropout=0.0,
-                                                              stochastic_depth_prob=0.0)),
+        "tv_efficientnet_b0": arch(
+            lambda: tv.efficientnet_b0(num_classes=LABELS, dropout=0.0, stochastic_depth_prob=0.0)
+        ),
         # Channel shuffle (view, transpose), channel split.
         "tv_shufflenet_v2": arch(lambda: tv.shufflenet_v2_x0_5(num_classes=LABELS)),
         # Patch embedding convolution, class token, torch's MultiheadAttention.
-        "tv_vit": arch(lambda: tv.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
-                                                    hidden_dim=32, mlp_dim=64, num_classes=LABELS)),
+        "tv_vit": arch(
+            lambda: tv.VisionTransformer(
+                image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=LABELS
+            )
+        ),
         # Shifted windows (roll, masks), relative position bias, patch merging.
-        "tv_swin": arch(lambda: tv.SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[1, 1], num_heads=[2, 2],
-                                                   window_size=[2, 2], stochastic_depth_prob=0.0,
-                                                   num_classes=LABELS)),
+        "tv_swin": arch(
+            lambda: tv.SwinTransformer(
+                patch_size=[4, 4],
+                embed_dim=16,
+                depths=[1, 1],
+                num_heads=[2, 2],
+                window_size=[2, 2],
+                stochastic_depth_prob=0.0,
+                num_classes=LABELS,
+            )
+        ),
     }
 
 
@@ -221,8 +393,11 @@ def _timm() -> Dict[str, Arch]:
 
     def arch(name: str, size: int = 32, **kw) -> Arch:
         kw = {k: v for k, v in {"drop_rate": 0.0, "drop_path_rate": 0.0, **kw}.items() if v is not None}
-        return Arch(_classifier(lambda: timm.create_model(name, pretrained=False, num_classes=LABELS, **kw)),
-                    lambda g: _image(g, size), "timm")
+        return Arch(
+            _classifier(lambda: timm.create_model(name, pretrained=False, num_classes=LABELS, **kw)),
+            lambda g: _image(g, size),
+            "timm",
+        )
 
     return {
         # A tiered 3-conv stem, BatchNorm.

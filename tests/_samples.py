@@ -93,8 +93,7 @@ def _addmm_act() -> Sample:
 
 def _convolution() -> Sample:
     # The `deprecated` overload (no allow_tf32): the one torch registers for CPU autocast.
-    return _s(torch._convolution, r(1, 2, 5), r(3, 2, 3), r(3), [1], [0], [1], False, [0], 1,
-              False, False, True)
+    return _s(torch._convolution, r(1, 2, 5), r(3, 2, 3), r(3), [1], [0], [1], False, [0], 1, False, False, True)
 
 
 def _embedding_bag() -> Sample:
@@ -132,13 +131,13 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "_convolution": _convolution,
     "conv_tbc": lambda: _s(torch.conv_tbc, r(5, 1, 2), r(3, 2, 4), r(4), 1),
     "prelu": lambda: _s(F.prelu, r(2, 3, 4), pos(3)),
-    "scaled_dot_product_attention": lambda: _s(F.scaled_dot_product_attention, r(1, 2, 3, 4),
-                                               r(1, 2, 3, 4), r(1, 2, 3, 4)),
+    "scaled_dot_product_attention": lambda: _s(
+        F.scaled_dot_product_attention, r(1, 2, 3, 4), r(1, 2, 3, 4), r(1, 2, 3, 4)
+    ),
     "_native_multi_head_attention": _mha,
     "bilinear": lambda: _s(F.bilinear, r(2, 3), r(2, 4), r(5, 3, 4), r(5)),
     # --- norms (weight and bias float32) ----------------------------------------------------
-    "batch_norm": lambda: _s(F.batch_norm, r(3, 2, 4), torch.zeros(2), torch.ones(2), pos(2), r(2),
-                             training=True),
+    "batch_norm": lambda: _s(F.batch_norm, r(3, 2, 4), torch.zeros(2), torch.ones(2), pos(2), r(2), training=True),
     "group_norm": lambda: _s(F.group_norm, r(2, 4, 3), 2, pos(4), r(4)),
     "instance_norm": lambda: _s(F.instance_norm, r(2, 3, 4), weight=pos(3), bias=r(3)),
     "layer_norm": lambda: _s(F.layer_norm, r(2, 4), (4,), pos(4), r(4)),
@@ -195,8 +194,7 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "polar": lambda: _s(torch.polar, pos(3), r(3)),
     "view_as_complex": lambda: _s(torch.view_as_complex, r(3, 2)),
     "stft": lambda: _s(torch.stft, r(16), 8, return_complex=True),
-    "fake_quantize_per_tensor_affine": lambda: _s(torch.fake_quantize_per_tensor_affine, r(3, 4),
-                                                  0.1, 0, 0, 255),
+    "fake_quantize_per_tensor_affine": lambda: _s(torch.fake_quantize_per_tensor_affine, r(3, 4), 0.1, 0, 0, 255),
     # --- pooling, padding, sampling ---------------------------------------------------------
     "avg_pool3d": lambda: _s(F.avg_pool3d, r(1, 1, 4, 4, 4), 2),
     "max_pool3d": lambda: _s(F.max_pool3d, r(1, 1, 4, 4, 4), 2),
@@ -204,10 +202,12 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "adaptive_max_pool3d": lambda: _s(F.adaptive_max_pool3d, r(1, 1, 4, 4, 4), 2),
     "max_unpool2d": lambda: _unpool(2),
     "max_unpool3d": lambda: _unpool(3),
-    "fractional_max_pool2d": lambda: _s(F.fractional_max_pool2d, r(1, 1, 5, 5), 2, output_size=2,
-                                        _random_samples=torch.rand(1, 1, 2, generator=_gen)),
-    "fractional_max_pool3d": lambda: _s(F.fractional_max_pool3d, r(1, 1, 5, 5, 5), 2, output_size=2,
-                                        _random_samples=torch.rand(1, 1, 3, generator=_gen)),
+    "fractional_max_pool2d": lambda: _s(
+        F.fractional_max_pool2d, r(1, 1, 5, 5), 2, output_size=2, _random_samples=torch.rand(1, 1, 2, generator=_gen)
+    ),
+    "fractional_max_pool3d": lambda: _s(
+        F.fractional_max_pool3d, r(1, 1, 5, 5, 5), 2, output_size=2, _random_samples=torch.rand(1, 1, 3, generator=_gen)
+    ),
     "reflection_pad1d": lambda: _s(F.pad, r(1, 2, 4), (1, 1), mode="reflect"),
     "reflection_pad2d": lambda: _s(F.pad, r(1, 2, 4, 4), (1, 1, 1, 1), mode="reflect"),
     "replication_pad1d": lambda: _s(F.pad, r(1, 2, 4), (1, 1), mode="replicate"),
@@ -215,8 +215,9 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "replication_pad3d": lambda: _s(F.pad, r(1, 1, 3, 3, 3), (1,) * 6, mode="replicate"),
     "grid_sampler": lambda: _s(torch.grid_sampler, r(1, 2, 4, 4), _grid(2), 0, 0, False),
     "grid_sampler_2d": lambda: _s(torch.grid_sampler_2d, r(1, 2, 4, 4), _grid(2), 0, 0, False),
-    "_grid_sampler_2d_cpu_fallback": lambda: _s(torch._grid_sampler_2d_cpu_fallback, r(1, 2, 4, 4),
-                                                _grid(2), 0, 0, False),
+    "_grid_sampler_2d_cpu_fallback": lambda: _s(
+        torch._grid_sampler_2d_cpu_fallback, r(1, 2, 4, 4), _grid(2), 0, 0, False
+    ),
     "grid_sampler_3d": lambda: _s(torch.grid_sampler_3d, r(1, 2, 3, 3, 3), _grid(3), 0, 0, False),
     # --- linear algebra ---------------------------------------------------------------------
     "cholesky": lambda: _s(torch.cholesky, spd()),
@@ -252,10 +253,12 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "linalg_svd": lambda: _s(torch.linalg.svd, r(4, 3)),
     "linalg_lstsq": lambda: _s(torch.linalg.lstsq, r(4, 3), r(4, 2)),
     # --- losses -----------------------------------------------------------------------------
-    "binary_cross_entropy": lambda: _s(F.binary_cross_entropy, torch.rand(3, 4, generator=_gen) * 0.9 + 0.05,
-                                       torch.rand(3, 4, generator=_gen)),
-    "binary_cross_entropy_with_logits": lambda: _s(F.binary_cross_entropy_with_logits, r(3, 4),
-                                                   torch.rand(3, 4, generator=_gen)),
+    "binary_cross_entropy": lambda: _s(
+        F.binary_cross_entropy, torch.rand(3, 4, generator=_gen) * 0.9 + 0.05, torch.rand(3, 4, generator=_gen)
+    ),
+    "binary_cross_entropy_with_logits": lambda: _s(
+        F.binary_cross_entropy_with_logits, r(3, 4), torch.rand(3, 4, generator=_gen)
+    ),
     "mse_loss": lambda: _s(F.mse_loss, r(3, 4), r(3, 4)),
     "l1_loss": lambda: _s(F.l1_loss, r(3, 4), r(3, 4)),
     "huber_loss": lambda: _s(F.huber_loss, r(3, 4), r(3, 4)),
@@ -266,10 +269,10 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "margin_ranking_loss": lambda: _s(F.margin_ranking_loss, r(4), r(4), torch.sign(r(4))),
     "triplet_margin_loss": lambda: _s(F.triplet_margin_loss, r(3, 4), r(3, 4), r(3, 4)),
     "multi_margin_loss": lambda: _s(F.multi_margin_loss, r(3, 4), idx(4, 3)),
-    "multilabel_margin_loss": lambda: _s(F.multilabel_margin_loss, r(3, 4),
-                                         torch.tensor([[0, 1, -1, 0]] * 3)),
-    "multilabel_margin_loss_forward": lambda: _s(torch.ops.aten.multilabel_margin_loss_forward, r(3, 4),
-                                                 torch.tensor([[0, 1, -1, 0]] * 3), 1),
+    "multilabel_margin_loss": lambda: _s(F.multilabel_margin_loss, r(3, 4), torch.tensor([[0, 1, -1, 0]] * 3)),
+    "multilabel_margin_loss_forward": lambda: _s(
+        torch.ops.aten.multilabel_margin_loss_forward, r(3, 4), torch.tensor([[0, 1, -1, 0]] * 3), 1
+    ),
     "nll_loss": lambda: _s(F.nll_loss, r(3, 4).log_softmax(-1), idx(4, 3)),
     "nll_loss2d": lambda: _s(F.nll_loss, r(2, 4, 3, 3).log_softmax(1), idx(4, 2, 3, 3)),
     "cross_entropy_loss": lambda: _s(F.cross_entropy, r(3, 4), idx(4, 3)),
@@ -278,8 +281,8 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "ctc_loss": _ctc,
     # --- names of the other presets' lists ------------------------------------------------
     "__matmul__": lambda: _s(lambda a, b: a @ b, r(2, 4), r(4, 3)),
-    "__pow__": lambda: _s(lambda a, b: a ** b, pos(3, 4), r(3, 4)),
-    "__rpow__": lambda: _s(lambda a: 2.0 ** a, r(3, 4)),
+    "__pow__": lambda: _s(lambda a, b: a**b, pos(3, 4), r(3, 4)),
+    "__rpow__": lambda: _s(lambda a: 2.0**a, r(3, 4)),
     "__rdiv__": lambda: _s(lambda a: 2.0 / a, pos(3, 4)),
     "__rtruediv__": lambda: _s(lambda a: 2.0 / a, pos(3, 4)),
     "addmv": lambda: _s(torch.addmv, r(3), r(3, 4), r(4)),
@@ -318,16 +321,17 @@ SAMPLES: Dict[str, Callable[[], Sample]] = {
     "upsample_nearest3d": lambda: _s(F.interpolate, r(1, 1, 2, 2, 2), scale_factor=2, mode="nearest"),
     "_upsample_nearest_exact1d": lambda: _s(F.interpolate, r(1, 2, 4), scale_factor=2, mode="nearest-exact"),
     "_upsample_nearest_exact2d": lambda: _s(F.interpolate, r(1, 2, 3, 3), scale_factor=2, mode="nearest-exact"),
-    "_upsample_nearest_exact3d": lambda: _s(F.interpolate, r(1, 1, 2, 2, 2), scale_factor=2,
-                                            mode="nearest-exact"),
+    "_upsample_nearest_exact3d": lambda: _s(F.interpolate, r(1, 1, 2, 2, 2), scale_factor=2, mode="nearest-exact"),
     "upsample_linear1d": lambda: _s(F.interpolate, r(1, 2, 4), scale_factor=2, mode="linear"),
     "upsample_bilinear2d": lambda: _s(F.interpolate, r(1, 2, 3, 3), scale_factor=2, mode="bilinear"),
     "upsample_bicubic2d": lambda: _s(F.interpolate, r(1, 2, 3, 3), scale_factor=2, mode="bicubic"),
     "upsample_trilinear3d": lambda: _s(F.interpolate, r(1, 1, 2, 2, 2), scale_factor=2, mode="trilinear"),
-    "_upsample_bilinear2d_aa": lambda: _s(F.interpolate, r(1, 2, 6, 6), scale_factor=0.5, mode="bilinear",
-                                          antialias=True),
-    "_upsample_bicubic2d_aa": lambda: _s(F.interpolate, r(1, 2, 6, 6), scale_factor=0.5, mode="bicubic",
-                                         antialias=True),
+    "_upsample_bilinear2d_aa": lambda: _s(
+        F.interpolate, r(1, 2, 6, 6), scale_factor=0.5, mode="bilinear", antialias=True
+    ),
+    "_upsample_bicubic2d_aa": lambda: _s(
+        F.interpolate, r(1, 2, 6, 6), scale_factor=0.5, mode="bicubic", antialias=True
+    ),
     "einsum": lambda: _s(torch.einsum, "ij,jk->ik", r(2, 3), r(3, 4)),
     "vdot": lambda: _s(torch.vdot, r(4), r(4)),
     "linalg_matrix_norm": lambda: _s(torch.linalg.matrix_norm, r(3, 4)),

@@ -31,9 +31,21 @@ from torch.utils._pytree import tree_flatten, tree_map
 from hpu_autocast import HpuAutocastMode
 
 #: Short dtype names, as in subclass_zoo's logging mode.
-SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-         torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-         torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128", torch.complex32: "c32"}
+SHORT = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float64: "f64",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
+    torch.complex32: "c32",
+}
 
 
 #: Every autocast dispatch key (native ones and those the engine borrows).
@@ -68,10 +80,17 @@ class Recorded(torch.Tensor):
     mode: Optional[FakeTensorMode]
 
     @staticmethod
-    def __new__(cls, inner: torch.Tensor, log: List[str], mode: Optional[FakeTensorMode] = None,
-                requires_grad: bool = False):
-        r = torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
-                                                device=inner.device, requires_grad=requires_grad)
+    def __new__(
+        cls, inner: torch.Tensor, log: List[str], mode: Optional[FakeTensorMode] = None, requires_grad: bool = False
+    ):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            inner.shape,
+            strides=inner.stride(),
+            dtype=inner.dtype,
+            device=inner.device,
+            requires_grad=requires_grad,
+        )
         r.inner, r.log, r.mode = inner, log, mode
         return r
 
@@ -83,15 +102,18 @@ class Recorded(torch.Tensor):
         kwargs = kwargs or {}
         first = next(a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Recorded))
         first.log.append(call_line(func, args, kwargs))
-        unwrap = (lambda a: a.inner if isinstance(a, Recorded) else a)
+        unwrap = lambda a: a.inner if isinstance(a, Recorded) else a
         # Below every autocast key, as the call came: the wrapped tensors must not meet them again.
-        with first.mode if first.mode is not None else contextlib.nullcontext(), \
-                torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS):
+        with (
+            first.mode if first.mode is not None else contextlib.nullcontext(),
+            torch._C._ExcludeDispatchKeyGuard(AUTOCAST_KEYS),
+        ):
             out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
         return tree_map(lambda o: cls(o, first.log, first.mode) if isinstance(o, torch.Tensor) else o, out)
 
 
 # --- inputs ------------------------------------------------------------------------------------
+
 
 class Inputs:
     """Where a trace runs: on fake CUDA tensors (``cuda``, one ``FakeTensorMode`` per trace) or on
@@ -105,7 +127,9 @@ class Inputs:
         # fake, and write through their null pointers: an illegal memory access that breaks the
         # process's CUDA context for every later test (seen on an H200: 1326 tests of 16 pytest
         # workers failed after gru_cell's trace). Without a GPU it raised anyway.
-        self.mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False) if device == "cuda" else None
+        self.mode = (
+            FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False) if device == "cuda" else None
+        )
 
     def fake(self, t: torch.Tensor) -> torch.Tensor:
         return FakeTensor(self.mode, t, torch.device("cuda"))
@@ -120,6 +144,7 @@ class Inputs:
             # traced on CPU alone.
             grad = requires_grad and t.is_floating_point() and self.mode is None
             return Recorded(inner, log, self.mode, requires_grad=grad)
+
         return tree_map(one, tree)
 
     @contextlib.contextmanager
@@ -138,6 +163,7 @@ class Inputs:
 
         def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
             return self.fake(torch.empty_strided(size, stride, dtype=dtype, device="meta"))
+
         lib.impl("empty.memory_format", empty, "CUDA")
         lib.impl("empty_strided", empty_strided, "CUDA")
         try:
@@ -147,6 +173,7 @@ class Inputs:
 
 
 # --- the two regions ---------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def native(device: str, dtype: torch.dtype) -> Iterator[None]:
@@ -183,15 +210,28 @@ REGIONS = {"native": native, "region": region}
 Outcome = Tuple[List[str], Optional[str]]
 
 
-def trace(fn: Callable, args: tuple, kwargs: dict, device: str, dtype: torch.dtype, which: str,
-          params: Optional[Tuple[dict, dict]] = None) -> Outcome:
+def trace(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    device: str,
+    dtype: torch.dtype,
+    which: str,
+    params: Optional[Tuple[dict, dict]] = None,
+) -> Outcome:
     """The calls ``fn(*args, **kwargs)`` makes below autocast inside ``which`` region (``native`` or
     ``region``), and the name of the exception it raised, if any (``trace_in``)."""
     return trace_in(fn, args, kwargs, device, REGIONS[which](device, dtype), params)
 
 
-def trace_in(fn: Callable, args: tuple, kwargs: dict, device: str, region: ContextManager,
-             params: Optional[Tuple[dict, dict]] = None) -> Outcome:
+def trace_in(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    device: str,
+    region: ContextManager,
+    params: Optional[Tuple[dict, dict]] = None,
+) -> Outcome:
     """The calls ``fn(*args, **kwargs)`` makes below autocast inside ``region`` (any context
     manager: a native autocast, a region of any policy, none), on ``device``'s tensors, and the
     name of the exception it raised, if any. ``params`` (a module's parameters and its buffers, by
@@ -234,13 +274,14 @@ def first_difference(want: Outcome, got: Outcome) -> Optional[str]:
     if a == b and a_err == b_err:
         return None
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    line = (lambda t, err: t[i] if i < len(t) else f"(end: {err or 'returned'})")
+    line = lambda t, err: t[i] if i < len(t) else f"(end: {err or 'returned'})"
     before = f"after {a[i - 1]}" if i else "at the first call"
     return f"call {i}, {before}:\n  native: {line(a, a_err)}\n  region: {line(b, b_err)}"
 
 
-def compare(fn: Callable, args: tuple, kwargs: dict, device: str, dtype: torch.dtype,
-            params: Optional[Tuple[dict, dict]] = None) -> Tuple[Outcome, Optional[str]]:
+def compare(
+    fn: Callable, args: tuple, kwargs: dict, device: str, dtype: torch.dtype, params: Optional[Tuple[dict, dict]] = None
+) -> Tuple[Outcome, Optional[str]]:
     """Native's outcome, and where the region's parts from it (``None``: nowhere)."""
     want = trace(fn, args, kwargs, device, dtype, "native", params)
     got = trace(fn, args, kwargs, device, dtype, "region", params)

@@ -19,8 +19,11 @@ import torch
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--as-if-cuda", action="store_true",
-                     help="resolve a region's default device type to cuda, as on a machine with a GPU")
+    parser.addoption(
+        "--as-if-cuda",
+        action="store_true",
+        help="resolve a region's default device type to cuda, as on a machine with a GPU",
+    )
 
 
 #: [Note: engine_independent tests] A test marked ``engine_independent`` checks what neither the
@@ -29,8 +32,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: are the suite's slowest (each starts interpreters), so CI's second run on one torch (the Python
 #: kernels, --as-if-cuda) leaves them out (``-m "not engine_independent"``, .ci/run); the runs
 #: with the C++ core, on each torch, keep them.
-ENGINE_INDEPENDENT = ("engine_independent: checks what neither the engine nor the default device type changes "
-                      "(CI's Python-kernel run leaves these out; Note: engine_independent tests)")
+ENGINE_INDEPENDENT = (
+    "engine_independent: checks what neither the engine nor the default device type changes "
+    "(CI's Python-kernel run leaves these out; Note: engine_independent tests)"
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

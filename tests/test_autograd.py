@@ -300,7 +300,7 @@ def test_autograd_grad_and_double_backward(model, oracle):
         with region:
             out = forward(params, inputs, cast)
         (gx,) = torch.autograd.grad(_loss(out), inputs["x"], create_graph=True)
-        (gx ** 2).sum().backward()
+        (gx**2).sum().backward()
         return gx, {k: v.grad for k, v in params.items()}
 
     if oracle == "native":
@@ -381,8 +381,10 @@ def test_iadd_on_a_promote_list_against_a_hand_cast_control():
 # on no list decomposes, and the kernels see its insides, above autograd): under hpu, against
 # hand-cast controls.
 DISPATCH_LEVEL = {
-    "einsum": (lambda x, w: torch.einsum("bij,jk->bik", x, w),
-               lambda x, w: torch.einsum("bij,jk->bik", x.to(BF), w.to(BF))),
+    "einsum": (
+        lambda x, w: torch.einsum("bij,jk->bik", x, w),
+        lambda x, w: torch.einsum("bij,jk->bik", x.to(BF), w.to(BF)),
+    ),
     "linalg.matmul": (lambda x, w: torch.linalg.matmul(x, w), lambda x, w: torch.matmul(x.to(BF), w.to(BF))),
     "tensordot": (lambda x, w: torch.tensordot(x, w, 1), lambda x, w: torch.tensordot(x.to(BF), w.to(BF), 1)),
     "multiply": (lambda x, w: torch.multiply(x, x), lambda x, w: torch.mul(x.to(BF), x.to(BF))),

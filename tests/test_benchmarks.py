@@ -21,8 +21,16 @@ def smoke_results(tmp_path_factory):
 
 def test_json_structure(smoke_results):
     _, results = smoke_results
-    assert set(results) == {"machine", "settings", "medians_ms", "compiled", "first_region", "module_maps", "figures",
-                            "wall_s"}
+    assert set(results) == {
+        "machine",
+        "settings",
+        "medians_ms",
+        "compiled",
+        "first_region",
+        "module_maps",
+        "figures",
+        "wall_s",
+    }
     for key in ("platform", "cpu", "fast_bf16", "cores", "torch", "device", "device_name", "threads", "date"):
         assert key in results["machine"], key
     assert results["machine"]["device"] == "cpu"
@@ -37,12 +45,17 @@ def test_json_structure(smoke_results):
     # the hpu preset; the compiled step compares ours with native only.
     for workload, variants in medians.items():
         fresh = {"ours", "native", "plain"}
-        expected = {"region": floors | {"ours-hpu"}, "compiled.transformer": {"ours", "native"},
-                    "op.passthrough-after-hpu": {"ours", "native"}, "loop.linear": fresh,
-                    "loop.linear-grad": fresh, "loop.mm": fresh,
-                    "fp8.linear": {"fp8", "bf16"}, "fp8.transformer": {"fp8", "bf16"},
-                    **{f"map.{m}": {"ours", "map-one", "map-none", "native"}
-                       for m in ("mlp", "mlp-grad", "gpt2", "gpt2-grad")}}.get(workload, floors)
+        expected = {
+            "region": floors | {"ours-hpu"},
+            "compiled.transformer": {"ours", "native"},
+            "op.passthrough-after-hpu": {"ours", "native"},
+            "loop.linear": fresh,
+            "loop.linear-grad": fresh,
+            "loop.mm": fresh,
+            "fp8.linear": {"fp8", "bf16"},
+            "fp8.transformer": {"fp8", "bf16"},
+            **{f"map.{m}": {"ours", "map-one", "map-none", "native"} for m in ("mlp", "mlp-grad", "gpt2", "gpt2-grad")},
+        }.get(workload, floors)
         assert set(variants) == expected, workload
         assert all(math.isfinite(v) and v > 0 for v in variants.values())
     # module maps: the modules one forward calls (map_depth Linear and their Sequential), the cost per call
@@ -70,8 +83,9 @@ def test_machine_flags(monkeypatch, tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("model name\t: Some CPU\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n")
     real_open = open
-    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path,
-                                                                          *a, **k))
+    monkeypatch.setattr(
+        "builtins.open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k)
+    )
     assert workloads.cpu_model() == "Some CPU"
     assert workloads.fast_bf16() == ["avx512_bf16", "amx_tile"]
 
@@ -196,7 +210,7 @@ def test_fresh_loops_never_give_an_op_the_same_input_twice(loop):
         assert len(seen) == 2 * SMOKE.loop_mm_calls * steps
         assert len({id(t) for t in seen}) == len(seen)  # kept alive by `seen`: ids are distinct objects
     else:
-        firsts = seen[::SMOKE.loop_depth]  # the first layer's input, once per step
+        firsts = seen[:: SMOKE.loop_depth]  # the first layer's input, once per step
         assert len(firsts) == steps and len({id(t) for t in firsts}) == steps
     for variant in ("ours", "native"):
         variants[variant](steps)  # each variant has a pool of its own, sized for `steps`
@@ -236,8 +250,11 @@ def test_fp8_gpu_smoke_runs_every_variant_and_writes_json(tmp_path, capsys):
     for recipe in ("tensorwise", "rowwise"):
         assert v[f"fp8-{recipe}"]["loss_first"] != v["bf16"]["loss_first"]
         assert v[f"fp8-{recipe}"]["loss_first"] == pytest.approx(v[f"torchao-{recipe}"]["loss_first"], rel=1e-3)
-    assert set(results["ratios"]) == {*(f"bf16 / {n} (speed-up)" for n in fp8_gpu.ORDER[1:]),
-                                      "fp8-tensorwise / torchao-tensorwise (time)", "fp8-rowwise / torchao-rowwise (time)"}
+    assert set(results["ratios"]) == {
+        *(f"bf16 / {n} (speed-up)" for n in fp8_gpu.ORDER[1:]),
+        "fp8-tensorwise / torchao-tensorwise (time)",
+        "fp8-rowwise / torchao-rowwise (time)",
+    }
     assert "fp8-rowwise / torchao-rowwise (time)" in capsys.readouterr().out
 
 
@@ -259,7 +276,8 @@ def test_fp8_gpu_says_why_it_cannot_run(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(fp8_gpu, "_torchao", lambda: "ModuleNotFoundError: No module named 'torchao'")
     results = fp8_gpu.run(fp8_gpu.SMOKE, "cpu", "none", 60.0, ("bf16", "torchao-tensorwise"), log=print)
     assert results["variants"]["torchao-tensorwise"] == {
-        "skipped": "torchao is not importable (ModuleNotFoundError: No module named 'torchao')"}
+        "skipped": "torchao is not importable (ModuleNotFoundError: No module named 'torchao')"
+    }
     assert "comparing bf16 and fp8 only" in capsys.readouterr().out
     assert "SKIPPED: torchao is not importable" in fp8_gpu.format_table(results)
     # An fp8 variant whose first loss is the bf16 region's to the last bit ran no fp8 GEMM (as when
@@ -285,4 +303,7 @@ def test_fp8_figures_on_a_cpu_say_emulated(smoke_results):
     # emulation's cost, and its label says so (it read "fp8 / bf16 region" before).
     _, results = smoke_results
     labels = [f["label"] for f in results["figures"] if f["workload"].startswith("fp8.")]
-    assert labels == ["32-wide linear fwd+bwd, fp8 emulated / bf16 region", "transformer step, fp8 emulated / bf16 region"]
+    assert labels == [
+        "32-wide linear fwd+bwd, fp8 emulated / bf16 region",
+        "transformer step, fp8 emulated / bf16 region",
+    ]

@@ -25,8 +25,9 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
-                                                   os.environ.get("PYTHONPATH", "")]))
+ENV = dict(
+    os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+)
 
 _PRELUDE = textwrap.dedent("""
     import torch, torch.nn as nn
@@ -105,8 +106,9 @@ def run(body: str, *, gaudi_installed: bool = False, tmp_path=None) -> str:
         (tmp_path / "habana_frameworks").mkdir()
         (tmp_path / "habana_frameworks" / "__init__.py").write_text('raise ImportError("not here")\n')
         env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
-    r = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], capture_output=True,
-                       text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -130,7 +132,8 @@ def test_a_privateuse1_backend_after_an_observing_region_where_gaudi_is_installe
     # registers its fallback (none is held between observing regions), its kernel overrides the
     # engine's there, and the next observing region gives the key up: it removes its own
     # registrations (the backend's autocast no longer passes through them) and moves to HPU.
-    out = run("""
+    out = run(
+        """
         before = check_regions()
         print(_dispatch._keys.all_name)
         libs = load_privateuse1_backend()
@@ -139,7 +142,10 @@ def test_a_privateuse1_backend_after_an_observing_region_where_gaudi_is_installe
         backend_autocast_works("AutocastPrivateUse1")
         regs = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastPrivateUse1")
         print(len(regs))  # only the backend's mm: none of the engine's left
-    """, gaudi_installed=True, tmp_path=tmp_path)
+    """,
+        gaudi_installed=True,
+        tmp_path=tmp_path,
+    )
     assert out.split() == ["AutocastPrivateUse1", "AutocastHPU", "1"]
 
 
@@ -167,8 +173,11 @@ def test_gaudi_loads_after_regions_and_then_a_privateuse1_backend():
     """)
     lines = out.splitlines()
     assert lines[:2] == ["AutocastHPU", "AutocastPrivateUse1"]
-    assert "needs a second autocast dispatch key" in lines[2] and "PrivateUse1 backend 'foo'" in lines[2] \
+    assert (
+        "needs a second autocast dispatch key" in lines[2]
+        and "PrivateUse1 backend 'foo'" in lines[2]
         and "Regions that do not observe still cast" in lines[2]
+    )
     assert "AutocastHPU (a library registered a fallback there)" in lines[2]
 
 

@@ -143,7 +143,12 @@ def test_the_environments_policies_are_kept_only_for_the_files_as_they_are_now(t
 def test_with_no_variable_set_the_environment_is_not_searched_name_by_name(monkeypatch):
     # The common case, every region entered with the default policy: os.environ.get of a
     # missing name raises a KeyError inside; four of them were most of a mode's creation.
-    for name in ("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", "PT_HPU_AUTOCAST_FP32_OPS_LIST", "LOWER_LIST", "FP32_LIST"):
+    for name in (
+        "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST",
+        "PT_HPU_AUTOCAST_FP32_OPS_LIST",
+        "LOWER_LIST",
+        "FP32_LIST",
+    ):
         monkeypatch.delenv(name, raising=False)
 
     def get(*args):
@@ -159,8 +164,10 @@ def test_a_variable_set_to_nothing_is_unset(monkeypatch):
     assert policy_from_env() is get_preset("hpu")
 
 
-@pytest.mark.parametrize("old, new", [("LOWER_LIST", "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"),
-                                      ("FP32_LIST", "PT_HPU_AUTOCAST_FP32_OPS_LIST")])
+@pytest.mark.parametrize(
+    "old, new",
+    [("LOWER_LIST", "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"), ("FP32_LIST", "PT_HPU_AUTOCAST_FP32_OPS_LIST")],
+)
 def test_deprecated_variables_warn_and_work(tmp_path, monkeypatch, old, new):
     monkeypatch.delenv(new, raising=False)
     monkeypatch.setenv(old, _write(tmp_path, "l.txt", "log\n" if old == "LOWER_LIST" else "tanh\n"))
@@ -172,6 +179,7 @@ def test_deprecated_variables_warn_and_work(tmp_path, monkeypatch, old, new):
 
 
 # --- errors, each naming the culprit ------------------------------------------------------------
+
 
 def test_unknown_op_names_file_line_and_suggestions(tmp_path):
     path = _write(tmp_path, "lower.txt", "mm\n\naddmmm\n")
@@ -203,8 +211,11 @@ def test_file_that_is_not_text(tmp_path):
 def test_op_on_both_lists(tmp_path):
     lower = _write(tmp_path, "lower.txt", "mm\nexp\n")
     fp32 = _write(tmp_path, "fp32.txt", "log\nexp\n")
-    with pytest.raises(PolicyError, match=r"aten.exp.default is on both the lower-precision list, as 'exp' "
-                                          r"\(.*lower.txt, line 2\), and the FP32 list, as 'exp' \(.*fp32.txt, line 2\)"):
+    with pytest.raises(
+        PolicyError,
+        match=r"aten.exp.default is on both the lower-precision list, as 'exp' "
+        r"\(.*lower.txt, line 2\), and the FP32 list, as 'exp' \(.*fp32.txt, line 2\)",
+    ):
         policy_from_files("hpu", lower=lower, fp32=fp32)
 
 
@@ -225,7 +236,8 @@ def test_several_ops_on_both_lists_name_the_first_and_count_the_rest():
             build_policy("x", lower=["mm", "exp", "log", "sin"], fp32=["sin", "log", "exp"])
         assert str(err.value) == (
             "aten.exp.default is on both the lower-precision list, as 'exp', and the FP32 list, as "
-            "'exp'; remove it from one (and 2 more: aten.log.default, aten.sin.default)")
+            "'exp'; remove it from one (and 2 more: aten.log.default, aten.sin.default)"
+        )
 
 
 # --- names Gaudi's bridge ignores (hpu: c_names_only) ----------------------------------------------
@@ -251,8 +263,11 @@ def test_the_hpu_lists_own_python_names_are_recorded_without_a_warning(fresh_war
         warnings.simplefilter("error")
         policy = build_policy("hpu", **PRESETS["hpu"])
     assert policy == get_preset("hpu") and policy.c_names_only
-    assert policy.ignored == (("truediv", "fp32", PYTHON_NAME), ("iadd", "promote", PYTHON_NAME),
-                              ("truediv", "promote", PYTHON_NAME))
+    assert policy.ignored == (
+        ("truediv", "fp32", PYTHON_NAME),
+        ("iadd", "promote", PYTHON_NAME),
+        ("truediv", "promote", PYTHON_NAME),
+    )
     assert not any(op.overloadpacket is torch.ops.aten.add_ for op in policy.table)
 
 
@@ -263,7 +278,8 @@ def test_iadd_on_a_users_list_does_nothing_as_on_gaudi_and_warns_once(fresh_warn
         policy = with_lists(get_preset("hpu"), lower=["mm", "iadd"])
     assert [str(w.message) for w in record] == [
         f"'iadd' on the lower list has no effect under policy 'hpu', as on Gaudi: {PYTHON_NAME}; its C++ "
-        "function, add_, is in-place, and Gaudi's bridge casts no in-place function"]
+        "function, add_, is in-place, and Gaudi's bridge casts no in-place function"
+    ]
     assert ("iadd", "lower", PYTHON_NAME) in policy.ignored and policy.c_names_only
     assert not any(op.overloadpacket is torch.ops.aten.add_ for op in policy.table)
     x, y = torch.randn(3, 4), torch.randn(3, 4)
@@ -277,19 +293,23 @@ def test_iadd_on_a_users_list_does_nothing_as_on_gaudi_and_warns_once(fresh_warn
         with_lists(get_preset("hpu"), fp32=["iadd"])
 
 
-@pytest.mark.parametrize("name, why, hint", [
-    ("truediv", PYTHON_NAME, "; its C++ name is div"),
-    ("__matmul__", PYTHON_NAME, "; its C++ name is matmul"),
-    ("add_", NOT_FUNCTIONAL, ""),
-    ("addmm.out", NOT_FUNCTIONAL, ""),
-    ("aten::mul_.Tensor", NOT_FUNCTIONAL, ""),
-])
+@pytest.mark.parametrize(
+    "name, why, hint",
+    [
+        ("truediv", PYTHON_NAME, "; its C++ name is div"),
+        ("__matmul__", PYTHON_NAME, "; its C++ name is matmul"),
+        ("add_", NOT_FUNCTIONAL, ""),
+        ("addmm.out", NOT_FUNCTIONAL, ""),
+        ("aten::mul_.Tensor", NOT_FUNCTIONAL, ""),
+    ],
+)
 def test_names_gaudi_ignores(fresh_warnings, tmp_path, name, why, hint):
     path = _write(tmp_path, "lower.txt", f"mm\n{name}\n")
     with pytest.warns(UserWarning) as record:
         policy = policy_from_files("hpu", lower=path)
     assert [str(w.message) for w in record] == [
-        f"{name!r} ({path}, line 2) on the lower list has no effect under policy 'hpu', as on Gaudi: {why}{hint}"]
+        f"{name!r} ({path}, line 2) on the lower list has no effect under policy 'hpu', as on Gaudi: {why}{hint}"
+    ]
     assert policy.ignored[-1] == (name, "lower", why)
     # mm.default, and mm.dtype where this torch has it (2.9 and 2.13 do, 2.4 and 2.6 do not)
     mm = {getattr(torch.ops.aten.mm, o) for o in ("default", "dtype") if o in torch.ops.aten.mm.overloads()}
@@ -328,13 +348,21 @@ def test_the_float32_dtype_lists_build_by_keyword_and_conflict_loudly():
     policy = build_policy("dtypes", fp32=["exp"], fp32_set_opt_dtype=["softmax"], fp32_append_dtype=["norm"])
     assert policy.table[torch.ops.aten.softmax.int] is CastPolicy.FP32_SET_OPT_DTYPE
     # Of norm's overloads, those ATen's redispatch table has: the dtype-taking ones cannot take it.
-    assert unnamed(policy.ops(CastPolicy.FP32_APPEND_DTYPE)) == [torch.ops.aten.norm.Scalar,
-                                                                  torch.ops.aten.norm.ScalarOpt_dim]
-    with pytest.raises(PolicyError, match=r"^aten.softmax.int is on both the FP32 list, as 'softmax', and the "
-                                          r"fp32_set_opt_dtype list, as 'softmax'; remove it from one"):
+    assert unnamed(policy.ops(CastPolicy.FP32_APPEND_DTYPE)) == [
+        torch.ops.aten.norm.Scalar,
+        torch.ops.aten.norm.ScalarOpt_dim,
+    ]
+    with pytest.raises(
+        PolicyError,
+        match=r"^aten.softmax.int is on both the FP32 list, as 'softmax', and the "
+        r"fp32_set_opt_dtype list, as 'softmax'; remove it from one",
+    ):
         build_policy("both", fp32=["softmax"], fp32_set_opt_dtype=["softmax"])
-    with pytest.raises(PolicyError, match=r"is on both the lower-precision list, as 'norm', and the "
-                                          r"fp32_append_dtype list, as 'norm'"):
+    with pytest.raises(
+        PolicyError,
+        match=r"is on both the lower-precision list, as 'norm', and the "
+        r"fp32_append_dtype list, as 'norm'",
+    ):
         build_policy("both", lower=["norm"], fp32_append_dtype=["norm"])
 
 

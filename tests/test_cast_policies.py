@@ -24,6 +24,7 @@ from _trace import native, trace_in
 from hpu_autocast import HpuAutocastMode, build_policy, get_preset, with_lists
 from hpu_autocast.policies.rules import PromoteError
 
+
 def _x(dtype):
     return torch.randn(4, 6).to(dtype)
 
@@ -96,9 +97,16 @@ _SDPA_NAME = [n for n in ("_scaled_dot_product_flash_attention_for_cpu",) if has
 
 
 def _spec_policy(explicit_dtype: str):
-    return build_policy(f"spec ({explicit_dtype})", lower=["mm", *_SDPA_NAME], fp32=["exp", "prod"], promote=["cat", "add_"],
-                        fp32_set_opt_dtype=["sum", "softmax", "cumsum"], fp32_append_dtype=["norm"],
-                        device_type="cpu", explicit_dtype=explicit_dtype)
+    return build_policy(
+        f"spec ({explicit_dtype})",
+        lower=["mm", *_SDPA_NAME],
+        fp32=["exp", "prod"],
+        promote=["cat", "add_"],
+        fp32_set_opt_dtype=["sum", "softmax", "cumsum"],
+        fp32_append_dtype=["norm"],
+        device_type="cpu",
+        explicit_dtype=explicit_dtype,
+    )
 
 
 def _eligible(x: torch.Tensor) -> bool:
@@ -117,6 +125,8 @@ def _promote_cat(x: torch.Tensor, d: torch.dtype) -> torch.Tensor:
     if _eligible(x) and x.dtype not in (F32, d):
         raise PromoteError(f"{x.dtype} in a {d} region")
     return torch.cat([_low(x, F32), _Y])
+
+
 _NORM_SCALAR, _NORM_DIM = torch.ops.aten.norm.Scalar, torch.ops.aten.norm.ScalarOpt_dim
 #: name -> (the call, ATen's rule for it by hand given the region's dtype, explicit_dtype rules
 #: it holds under: "any", "leave" or "cast").
@@ -124,17 +134,29 @@ SPEC = {
     "lower mm": (lambda x: torch.mm(x, _W), lambda x, d: torch.mm(_low(x, d), _W.to(d)), "any"),
     "fp32 exp": (torch.exp, lambda x, d: torch.exp(_low(x, F32)), "any"),
     "promote cat": (lambda x: torch.cat([x, _Y]), lambda x, d: _promote_cat(x, d), "any"),
-    "first add_": (lambda x: x.clone().add_(_Y), lambda x, d: x.clone().add_(_Y.to(x.dtype) if _eligible(x) else _Y),
-                   "any"),
+    "first add_": (
+        lambda x: x.clone().add_(_Y),
+        lambda x, d: x.clone().add_(_Y.to(x.dtype) if _eligible(x) else _Y),
+        "any",
+    ),
     "set_opt sum": (lambda x: x.sum(), lambda x, d: x.sum(dtype=F32) if _eligible(x) else x.sum(), "any"),
     "set_opt sum(0)": (lambda x: x.sum(0), lambda x, d: x.sum(0, dtype=F32) if _eligible(x) else x.sum(0), "any"),
-    "set_opt softmax": (lambda x: torch.softmax(x, -1),
-                        lambda x, d: torch.softmax(x, -1, dtype=F32 if _eligible(x) else None), "any"),
+    "set_opt softmax": (
+        lambda x: torch.softmax(x, -1),
+        lambda x, d: torch.softmax(x, -1, dtype=F32 if _eligible(x) else None),
+        "any",
+    ),
     "set_opt cumsum kept dtype": (lambda x: x.cumsum(0, dtype=F64), lambda x, d: x.cumsum(0, dtype=F64), "any"),
-    "append norm.Scalar": (lambda x: _NORM_SCALAR(x, 3), lambda x, d: torch.ops.aten.norm.ScalarOpt_dtype(
-        x, 3, dtype=F32 if _eligible(x) else x.dtype), "any"),
-    "append norm.ScalarOpt_dim": (lambda x: _NORM_DIM(x, 2, [1]), lambda x, d: torch.ops.aten.norm.ScalarOpt_dim_dtype(
-        x, 2, [1], False, dtype=F32 if _eligible(x) else x.dtype), "any"),
+    "append norm.Scalar": (
+        lambda x: _NORM_SCALAR(x, 3),
+        lambda x, d: torch.ops.aten.norm.ScalarOpt_dtype(x, 3, dtype=F32 if _eligible(x) else x.dtype),
+        "any",
+    ),
+    "append norm.ScalarOpt_dim": (
+        lambda x: _NORM_DIM(x, 2, [1]),
+        lambda x, d: torch.ops.aten.norm.ScalarOpt_dim_dtype(x, 2, [1], False, dtype=F32 if _eligible(x) else x.dtype),
+        "any",
+    ),
     "explicit dtype left": (lambda x: x.prod(dtype=F64), lambda x, d: x.prod(dtype=F64), "leave"),
     "explicit dtype cast": (lambda x: x.prod(dtype=F64), lambda x, d: _low(x, F32).prod(dtype=F64), "cast"),
 }
@@ -149,8 +171,11 @@ if _SDPA_NAME:
         mask, v, k, q = cast(mask), cast(_V), cast(_K), cast(q)  # last to first (Note [the order of casts])
         return _SDPA(q, k, v, attn_mask=mask)[0]
 
-    SPEC["lower keyword-only attn_mask"] = (lambda x: _sdpa(x, lambda t: t), lambda x, d: _sdpa(x, lambda t: _low(t, d)),
-                                            "any")
+    SPEC["lower keyword-only attn_mask"] = (
+        lambda x: _sdpa(x, lambda t: t),
+        lambda x, d: _sdpa(x, lambda t: _low(t, d)),
+        "any",
+    )
 
 if hasattr(torch.ops.aten.norm, "names_ScalarOpt_dim"):
     # The Dimname twin: an operator up to torch 2.11, registered for AutocastCUDA there (found on a
@@ -161,7 +186,10 @@ if hasattr(torch.ops.aten.norm, "names_ScalarOpt_dim"):
     SPEC["append norm.names_ScalarOpt_dim"] = (
         lambda x: torch.ops.aten.norm.names_ScalarOpt_dim(_named(x), 2, ["cols"]).rename(None),
         lambda x, d: torch.ops.aten.norm.names_ScalarOpt_dim_dtype(
-            _named(x), 2, ["cols"], False, dtype=F32 if _eligible(x) else x.dtype).rename(None), "any")
+            _named(x), 2, ["cols"], False, dtype=F32 if _eligible(x) else x.dtype
+        ).rename(None),
+        "any",
+    )
 
 
 def _spec_cases():
@@ -197,7 +225,8 @@ def test_a_keyword_only_input_is_cast_and_reported_in_argument_order():
         _sdpa(x, lambda t: t)
     (event,) = [e for e in events if e.op is _SDPA]
     assert [(c.arg, c.from_dtype, c.to_dtype) for c in event.casts] == [
-        (name, F32, BF16) for name in ("query", "key", "value", "attn_mask")]
+        (name, F32, BF16) for name in ("query", "key", "value", "attn_mask")
+    ]
 
 
 class _Nothing:
@@ -224,8 +253,13 @@ _POLICY = {explicit: _spec_policy(explicit) for explicit in ("leave", "cast")}
 
 
 @settings(max_examples=40, deadline=None)
-@given(x_dtype=_DTYPES, given_dtype=st.one_of(st.none(), _DTYPES), region=st.sampled_from([BF16, torch.float16]),
-       explicit=st.sampled_from(["leave", "cast"]), dim=st.integers(0, 1))
+@given(
+    x_dtype=_DTYPES,
+    given_dtype=st.one_of(st.none(), _DTYPES),
+    region=st.sampled_from([BF16, torch.float16]),
+    explicit=st.sampled_from(["leave", "cast"]),
+    dim=st.integers(0, 1),
+)
 def test_set_opt_dtype_sets_only_an_unset_dtype_and_casts_nothing(x_dtype, given_dtype, region, explicit, dim):
     # fp32_set_opt_dtype: dtype becomes float32 only if the call leaves it unset and the first
     # argument is eligible; the input is never cast (explicit_dtype does not apply to it).
@@ -238,28 +272,35 @@ def test_set_opt_dtype_sets_only_an_unset_dtype_and_casts_nothing(x_dtype, given
 
 
 @settings(max_examples=40, deadline=None)
-@given(x_dtype=_DTYPES, region=st.sampled_from([BF16, torch.float16]), p=st.sampled_from([1, 2, 3]),
-       keepdim=st.booleans())
+@given(
+    x_dtype=_DTYPES, region=st.sampled_from([BF16, torch.float16]), p=st.sampled_from([1, 2, 3]), keepdim=st.booleans()
+)
 def test_append_dtype_calls_the_dtype_overload_with_float32_or_the_inputs_dtype(x_dtype, region, p, keepdim):
     x = torch.randn(3, 5).to(x_dtype)
     with HpuAutocastMode(region, policy=_POLICY["leave"]):
         ours = (_NORM_SCALAR(x, p), _NORM_DIM(x, p, [0], keepdim))
     dtype = F32 if _eligible(x) else x_dtype
-    expected = (torch.ops.aten.norm.ScalarOpt_dtype(x, p, dtype=dtype),
-                torch.ops.aten.norm.ScalarOpt_dim_dtype(x, p, [0], keepdim, dtype=dtype))
+    expected = (
+        torch.ops.aten.norm.ScalarOpt_dtype(x, p, dtype=dtype),
+        torch.ops.aten.norm.ScalarOpt_dim_dtype(x, p, [0], keepdim, dtype=dtype),
+    )
     for a, b in zip(ours, expected):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_a_kind_an_op_cannot_take_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"aten.mm.default cannot be fp32_set_opt_dtype: that cast policy needs "
-                                         r"a functional overload with a first Tensor argument and an optional dtype argument"):
+    with pytest.raises(
+        ValueError,
+        match=r"aten.mm.default cannot be fp32_set_opt_dtype: that cast policy needs "
+        r"a functional overload with a first Tensor argument and an optional dtype argument",
+    ):
         build_policy("bad", fp32_set_opt_dtype=["mm"])
     with pytest.raises(ValueError, match=r"aten.sum.\w+ cannot be fp32_append_dtype: .*aten::norm.Scalar"):
         build_policy("bad", fp32_append_dtype=["sum"])
 
 
 # --- explicit dtype arguments: what native does, and torch-* with it -----------------------------
+
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 @pytest.mark.parametrize("inputs", [F32, BF16, F64], ids=str)

@@ -103,16 +103,23 @@ def test_policies_doc_is_current():
 
 @pytest.mark.engine_independent
 def test_module_entry_point_runs():
-    out = subprocess.run([sys.executable, "-m", "hpu_autocast", "policy", "--preset", "hmp", "--format", "json"],
-                         capture_output=True, text=True, timeout=120, check=True, env=ENV).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "hpu_autocast", "policy", "--preset", "hmp", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=ENV,
+    ).stdout
     assert {"op": "aten.linear.default", "action": "lower"} in json.loads(out)
 
 
 @pytest.mark.engine_independent
 def test_a_reader_that_leaves_early_is_not_a_traceback():
     # `python -m hpu_autocast docs | head -1`: the pipe closes while the table is printed.
-    proc = subprocess.Popen([sys.executable, "-m", "hpu_autocast", "docs"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=ENV)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpu_autocast", "docs"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+    )
     assert proc.stdout.readline()
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
@@ -160,22 +167,34 @@ optimizer.step()
 _NO_REGION = [["--help"], ["policy", "--preset", "torch-cpu"], ["check", "ops.txt"], ["diff", "hpu", "hmp"], ["docs"]]
 
 
-@pytest.mark.parametrize("commands", [pytest.param(_NO_REGION, id="no-region", marks=pytest.mark.engine_independent),
-                                      pytest.param([["report", "train.py"]], id="report")])
+@pytest.mark.parametrize(
+    "commands",
+    [
+        pytest.param(_NO_REGION, id="no-region", marks=pytest.mark.engine_independent),
+        pytest.param([["report", "train.py"]], id="report"),
+    ],
+)
 def test_a_command_prints_no_warning_also_without_numpy(commands, tmp_path):
     # torch's own import warns "Failed to initialize NumPy" where NumPy is absent (the package's
     # __init__ hides that one message); an optimizer imports Dynamo, which is no reason for the
     # report's region to warn about compiled code (_compile_guard: only once Dynamo compiled).
     (tmp_path / "ops.txt").write_text("mm\nlinear\n")
     (tmp_path / "train.py").write_text(_TRAIN)
-    proc = subprocess.run([sys.executable, "-c", _WITHOUT_NUMPY, json.dumps(commands)], capture_output=True,
-                          text=True, timeout=300, env=ENV, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NUMPY, json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=tmp_path,
+    )
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     said = json.loads(proc.stdout.splitlines()[-1])
     assert said == {" ".join(c): [0, ""] for c in commands}
 
 
 # --- usage errors: exit status 2, one line on stderr, nothing run (issue 31, item 5) ------------
+
 
 def _script(tmp_path) -> pathlib.Path:
     """A script that leaves a mark when it runs (the usage errors below must stop before it)."""
@@ -192,15 +211,22 @@ def _exit_status(argv) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["report", "--preset", "nope", "{script}"], "--preset 'nope' is not a preset; valid presets: "),
-    (["tune", "--preset", "nope", "{script}"], "--preset 'nope' is not a preset; valid presets: "),
-    (["tune", "{missing}"], "missing.py' does not exist"),
-    (["report", "{missing}"], "missing.py' does not exist"),
-    (["report", "--bogus", "{script}"], "hpu-autocast: error: unrecognized arguments: --bogus (see hpu-autocast --help)"),
-    (["tune", "--tolerance", "x", "{script}"], "argument --tolerance: invalid float value: 'x'"),
-    (["report", "--plot", "report.pdf", "{script}"], "--plot 'report.pdf': give a .png or .svg path"),
-], ids=["report-preset", "tune-preset", "tune-missing", "report-missing", "unknown-flag", "bad-value", "plot-suffix"])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["report", "--preset", "nope", "{script}"], "--preset 'nope' is not a preset; valid presets: "),
+        (["tune", "--preset", "nope", "{script}"], "--preset 'nope' is not a preset; valid presets: "),
+        (["tune", "{missing}"], "missing.py' does not exist"),
+        (["report", "{missing}"], "missing.py' does not exist"),
+        (
+            ["report", "--bogus", "{script}"],
+            "hpu-autocast: error: unrecognized arguments: --bogus (see hpu-autocast --help)",
+        ),
+        (["tune", "--tolerance", "x", "{script}"], "argument --tolerance: invalid float value: 'x'"),
+        (["report", "--plot", "report.pdf", "{script}"], "--plot 'report.pdf': give a .png or .svg path"),
+    ],
+    ids=["report-preset", "tune-preset", "tune-missing", "report-missing", "unknown-flag", "bad-value", "plot-suffix"],
+)
 def test_usage_errors_exit_2_with_one_line_before_anything_runs(argv, expected, tmp_path, capsys):
     # Failed before: a traceback and exit status 1 (for tune, "tolerance not met"), the report's
     # header printed first for a missing script, argparse's usage lines before its error.
@@ -226,6 +252,7 @@ def test_check_reports_an_op_on_two_files_as_the_loader_would(tmp_path, capsys):
     # Failed before: both files "all valid", exit 0, where the loader refuses the pair.
     from hpu_autocast import PolicyError
     from hpu_autocast.builder import policy_from_files
+
     lower, fp32 = tmp_path / "lower.txt", tmp_path / "fp32.txt"
     lower.write_text("mm\nlinear\n")
     fp32.write_text("softmax\n# the head\nlinear\n")
@@ -254,10 +281,14 @@ def test_build_core_in_a_directory_that_is_a_file_is_one_error_line(tmp_path, mo
     assert main(["build-core"]) == 1
     # torch's own notice on importing its extension builder where a CUDA build finds no CUDA
     # (torch 2.4's "No CUDA runtime is found, ...") is torch's line, not this error's.
-    err = "".join(line for line in capsys.readouterr().err.splitlines(keepends=True)
-                  if not line.startswith("No CUDA runtime is found"))
+    err = "".join(
+        line
+        for line in capsys.readouterr().err.splitlines(keepends=True)
+        if not line.startswith("No CUDA runtime is found")
+    )
     assert err.startswith("error: hpu_autocast: the C++ core's build directory ") and err.count("\n") == 1
     assert f"(HPU_AUTOCAST_CORE_DIR={str(tmp_path / 'file')!r}) cannot be made: Not a directory" in err
+
 
 def test_build_core_says_reused_when_it_compiled_nothing(tmp_path, monkeypatch, capsys):
     # Failed before: "C++ core built for this torch" for a build found in the cache.

@@ -38,8 +38,7 @@ def test_structured_outputs_and_text():
 
 def test_overflow_is_flagged():
     # 300 * 300 * 2 = 180000 exceeds float16's largest finite value, 65504.
-    c = compare(torch.mm, torch.full((2, 2), 300.0), torch.full((2, 2), 300.0),
-                dtype=torch.float16, policy="torch-cpu")
+    c = compare(torch.mm, torch.full((2, 2), 300.0), torch.full((2, 2), 300.0), dtype=torch.float16, policy="torch-cpu")
     assert c["out"].nonfinite and not c["out"].ref_nonfinite and c.nonfinite
     assert str(c).splitlines()[1].split()[-1] == "yes"
 

@@ -179,6 +179,7 @@ def test_once_dynamo_is_loaded_it_skips_the_whole_package():
         torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
     from hpu_autocast import mode, module_map
     from hpu_autocast._engine import kernels
+
     for module in (hpu_autocast, mode, module_map, kernels):
         assert trace_rules.check_file(module.__file__).skipped, module.__name__
 
@@ -262,14 +263,16 @@ def test_inductor_compiles_inside_a_region():
 def test_the_first_region_does_not_import_dynamo():
     # Importing torch._dynamo costs seconds; a process that compiles nothing must not pay it.
     # (A recording region's FLOP count runs torch's meta kernels, some of which import it.)
-    code = ("import sys, torch, hpu_autocast\n"
-            "with hpu_autocast.HpuAutocastMode(policy='torch-cpu'):\n"
-            "    torch.mm(torch.randn(2, 2), torch.randn(2, 2))\n"
-            "lin = torch.nn.Linear(2, 2)\n"
-            "with hpu_autocast.HpuAutocastMode(policy='hpu', device_type='cpu'):\n"
-            "    loss = lin(torch.randn(2, 2)).float().sum()\n"
-            "loss.backward()\n"
-            "print('torch._dynamo' in sys.modules)\n")
+    code = (
+        "import sys, torch, hpu_autocast\n"
+        "with hpu_autocast.HpuAutocastMode(policy='torch-cpu'):\n"
+        "    torch.mm(torch.randn(2, 2), torch.randn(2, 2))\n"
+        "lin = torch.nn.Linear(2, 2)\n"
+        "with hpu_autocast.HpuAutocastMode(policy='hpu', device_type='cpu'):\n"
+        "    loss = lin(torch.randn(2, 2)).float().sum()\n"
+        "loss.backward()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -277,18 +280,20 @@ def test_the_first_region_does_not_import_dynamo():
 def test_the_eager_warning_comes_once_something_was_compiled():
     # torch.optim imports Dynamo with nothing compiled: an observing region then warns of nothing.
     # Once a frame was compiled, the first observing region says compiled code runs eagerly.
-    code = ("import torch, warnings, hpu_autocast\n"
-            "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
-            "def observe():\n"
-            "    with warnings.catch_warnings(record=True) as seen:\n"
-            "        warnings.simplefilter('always')\n"
-            "        with hpu_autocast.HpuAutocastMode(policy='torch-cpu', observer=lambda e: None):\n"
-            "            pass\n"
-            "    return [str(w.message) for w in seen]\n"
-            "print(observe())\n"
-            "torch.compile(lambda x: x * 2, backend='eager')(torch.ones(2))\n"
-            "print(observe())\n"
-            "print(observe())\n")
+    code = (
+        "import torch, warnings, hpu_autocast\n"
+        "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+        "def observe():\n"
+        "    with warnings.catch_warnings(record=True) as seen:\n"
+        "        warnings.simplefilter('always')\n"
+        "        with hpu_autocast.HpuAutocastMode(policy='torch-cpu', observer=lambda e: None):\n"
+        "            pass\n"
+        "    return [str(w.message) for w in seen]\n"
+        "print(observe())\n"
+        "torch.compile(lambda x: x * 2, backend='eager')(torch.ones(2))\n"
+        "print(observe())\n"
+        "print(observe())\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     first, second, third = out.splitlines()
@@ -329,8 +334,12 @@ def test_autocast_guards_compile_wherever_dynamo_was_loaded(loaded):
     # and first traced inside a region, the reverse could happen (it did in this suite's order).
     # A fresh interpreter per case: this one has settled Dynamo's tables already.
     src = str(pathlib.Path(hpu_autocast.__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-c", _GUARDS_AFTER_DYNAMO, loaded], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": src})
+    out = subprocess.run(
+        [sys.executable, "-c", _GUARDS_AFTER_DYNAMO, loaded],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": src},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16", "True"]
 
@@ -356,11 +365,13 @@ def _ln_then_add(model):
         # layer_norm is on the list (its weight cast or not: input_only); add is on no list
         # (cast to its first input's dtype or not: HMP's unlisted default).
         return model(x) + y
+
     return f
 
 
-@pytest.mark.parametrize("changes", [dict(input_only=frozenset({_LN})), dict(unlisted="first")],
-                         ids=["input_only", "unlisted"])
+@pytest.mark.parametrize(
+    "changes", [dict(input_only=frozenset({_LN})), dict(unlisted="first")], ids=["input_only", "unlisted"]
+)
 def test_policies_of_one_name_and_table_each_get_their_own_graph(changes):
     # The guard was the name and a hash of the table: the second policy ran the first one's
     # graph (its casts) and gave the first one's values.

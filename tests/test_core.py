@@ -157,8 +157,10 @@ def test_regions_in_two_threads_each_cast_by_their_own_frame():
             barrier.wait()
             results[name] = [torch.mm(torch.randn(4, 4), torch.randn(4, 4)).dtype for _ in range(200)]
 
-    threads = [threading.Thread(target=work, args=("bf16", torch.bfloat16)),
-               threading.Thread(target=work, args=("fp16", torch.float16))]
+    threads = [
+        threading.Thread(target=work, args=("bf16", torch.bfloat16)),
+        threading.Thread(target=work, args=("fp16", torch.float16)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -204,8 +206,9 @@ def test_the_core_and_the_python_kernels_share_one_cast_cache():
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+    )
 
 
 @pytest.mark.engine_independent
@@ -217,8 +220,11 @@ def test_an_unknown_engine_name_is_refused_naming_the_accepted_ones():
 
 @pytest.mark.engine_independent
 def test_without_a_build_the_python_kernels_run_and_say_how_to_build_the_core(tmp_path):
-    r = _python("import hpu_autocast._engine.core as c; print(c.ENGINE); print(c.REASON)",
-                HPU_AUTOCAST_ENGINE="auto", HPU_AUTOCAST_CORE_DIR=str(tmp_path))
+    r = _python(
+        "import hpu_autocast._engine.core as c; print(c.ENGINE); print(c.REASON)",
+        HPU_AUTOCAST_ENGINE="auto",
+        HPU_AUTOCAST_CORE_DIR=str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     engine, reason = r.stdout.splitlines()
     assert engine == "python" and "hpu-autocast build-core" in reason

@@ -50,14 +50,17 @@ def deterministic():
 
 def mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
-                               torch.nn.Linear(64, 8)).cuda()
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    ).cuda()
 
 
 def batches(n):
     g = torch.Generator(device="cuda").manual_seed(1)
-    return [(torch.randn(16, 32, device="cuda", generator=g), torch.randn(16, 8, device="cuda", generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(16, 32, device="cuda", generator=g), torch.randn(16, 8, device="cuda", generator=g))
+        for _ in range(n)
+    ]
 
 
 def region(native, dtype, cache_enabled=True):
@@ -78,7 +81,7 @@ def test_step_matches_native_autocast(dtype):
     results = []
     for native in (True, False):
         model = mlp()
-        (x, target), = batches(1)
+        ((x, target),) = batches(1)
         with region(native, dtype):
             y = model(x)
             loss = F.mse_loss(y, target)  # mse_loss is on CUDA autocast's fp32 list
@@ -138,7 +141,7 @@ def test_captured_step_replays_like_the_eager_step(dtype):
 @pytest.mark.parametrize("dtype", dtypes())
 def test_trace_graph_runs_on_cuda(dtype):
     model = mlp()
-    (x, _), = batches(1)
+    ((x, _),) = batches(1)
     gm = trace(model, x, dtype=dtype, policy=POLICY)
     assert cast_nodes(gm)
     with HpuAutocastMode(dtype, policy=POLICY):
@@ -151,6 +154,7 @@ def test_trace_graph_runs_on_cuda(dtype):
 
 
 # --- real models ---------------------------------------------------------------------------------
+
 
 def _on_cuda(model: torch.nn.Module, inputs: dict):
     return model.cuda(), {k: v.cuda() for k, v in inputs.items()}

@@ -19,8 +19,12 @@ def test_the_demo_trains_and_reports_under_its_policy():
     # agree on every machine; the emulation would move the region to cuda and leave the tensors
     # on CPU. On a GPU machine the demo runs on CUDA tensors, as this test then does.
     env = {k: v for k, v in os.environ.items() if k != _devices.AS_IF_CUDA_ENV}
-    run = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--steps", "2"],
-                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(SRC)})
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "demo.py"), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(SRC)},
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stderr == ""  # no warning on a plain run
     lines = run.stdout.splitlines()

@@ -34,10 +34,10 @@ _MARK = re.compile(r"<!--\s*(not run|needs):\s*(.+?)\s*-->")
 @dataclasses.dataclass(frozen=True)
 class Snippet:
     path: pathlib.Path
-    line: int           # of the block's first code line
+    line: int  # of the block's first code line
     code: str
-    not_run: Optional[str]   # the reason, from <!-- not run: ... -->
-    needs: Optional[str]     # the feature, from <!-- needs: ... -->
+    not_run: Optional[str]  # the reason, from <!-- not run: ... -->
+    needs: Optional[str]  # the feature, from <!-- needs: ... -->
 
     @property
     def id(self) -> str:
@@ -49,11 +49,18 @@ def snippets(path: pathlib.Path) -> List[Snippet]:
     text = path.read_text()
     out = []
     for m in _FENCE.finditer(text):
-        before = [line for line in text[:m.start()].splitlines() if line.strip()]
+        before = [line for line in text[: m.start()].splitlines() if line.strip()]
         mark = _MARK.search(before[-1]) if before else None
         kind, value = (mark.group(1), mark.group(2)) if mark else (None, None)
-        out.append(Snippet(path, text.count("\n", 0, m.start()) + 2, m.group(1),
-                           value if kind == "not run" else None, value if kind == "needs" else None))
+        out.append(
+            Snippet(
+                path,
+                text.count("\n", 0, m.start()) + 2,
+                m.group(1),
+                value if kind == "not run" else None,
+                value if kind == "needs" else None,
+            )
+        )
     return out
 
 
@@ -76,11 +83,16 @@ def test_the_snippets_are_found_and_counted():
 
 def test_a_marker_binds_the_block_after_it(tmp_path):
     doc = tmp_path / "d.md"
-    doc.write_text("<!-- not run: needs a GPU -->\n```python\nx = 1\n```\n\ntext\n\n```python\ny = 2\n```\n"
-                   "<!-- needs: edit -->\n\n```python\nz = 3\n```\n")
+    doc.write_text(
+        "<!-- not run: needs a GPU -->\n```python\nx = 1\n```\n\ntext\n\n```python\ny = 2\n```\n"
+        "<!-- needs: edit -->\n\n```python\nz = 3\n```\n"
+    )
     found = snippets(doc)
     assert [(s.line, s.code, s.not_run, s.needs) for s in found] == [
-        (3, "x = 1\n", "needs a GPU", None), (9, "y = 2\n", None, None), (14, "z = 3\n", None, "edit")]
+        (3, "x = 1\n", "needs a GPU", None),
+        (9, "y = 2\n", None, None),
+        (14, "z = 3\n", None, "edit"),
+    ]
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda s: s.id)

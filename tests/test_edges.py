@@ -61,23 +61,26 @@ def no_leak():
 # (each task saw the other's dtype), and an exit out of stack order was refused and left its region
 # on the stack, casting, after every region had exited.
 
+
 def test_two_asyncio_tasks_interleaving_regions_each_see_their_own():
     async def task(mode, mine, other):
         seen = []
         with mode:
             seen.append(mm_dtype())
             mine.set()
-            await other.wait()       # both regions are open now, in two tasks of one thread
+            await other.wait()  # both regions are open now, in two tasks of one thread
             seen.append(mm_dtype())
-            await asyncio.sleep(0)   # the other task runs (and may exit its region) meanwhile
+            await asyncio.sleep(0)  # the other task runs (and may exit its region) meanwhile
             seen.append(mm_dtype())
-        seen.append(mm_dtype())      # after its own exit, whatever the other task does
+        seen.append(mm_dtype())  # after its own exit, whatever the other task does
         return seen
 
     async def main():
         first, second = asyncio.Event(), asyncio.Event()
-        return await asyncio.gather(task(HpuAutocastMode(device_type="cpu"), first, second),
-                                    task(HpuAutocastMode(torch.float16, policy="torch-cpu"), second, first))
+        return await asyncio.gather(
+            task(HpuAutocastMode(device_type="cpu"), first, second),
+            task(HpuAutocastMode(torch.float16, policy="torch-cpu"), second, first),
+        )
 
     bf16, f16 = asyncio.run(main())
     assert bf16 == [torch.bfloat16] * 3 + [torch.float32]
@@ -92,13 +95,13 @@ def test_a_generator_holding_a_region_ended_while_another_region_is_open(end):
             while True:
                 yield mm_dtype()
 
-    with HpuAutocastMode(device_type="cpu"):            # hpu, bfloat16
+    with HpuAutocastMode(device_type="cpu"):  # hpu, bfloat16
         gen = numbers()
-        assert next(gen) == torch.float16               # the generator's region is open
+        assert next(gen) == torch.float16  # the generator's region is open
         with HpuAutocastMode(torch.bfloat16, policy="torch-cpu"):
             assert mm_dtype() == torch.bfloat16
             if end == "close":
-                gen.close()                             # its exit runs here, out of order
+                gen.close()  # its exit runs here, out of order
             else:
                 del gen
                 gc.collect()
@@ -128,13 +131,13 @@ def test_an_exit_from_another_thread_is_refused_and_changes_nothing():
     t.start()
     t.join(10)
     assert len(errors) == 1 and "thread" in errors[0] and "stays open" in errors[0], errors
-    assert mm_dtype() == torch.bfloat16 and is_enabled()     # still open here
+    assert mm_dtype() == torch.bfloat16 and is_enabled()  # still open here
     mode.__exit__(None, None, None)
     assert nothing_casts()
     with HpuAutocastMode(torch.float16, policy="torch-cpu"):
-        assert mm_dtype() == torch.float16              # the owning thread's next region works
+        assert mm_dtype() == torch.float16  # the owning thread's next region works
     assert nothing_casts()
-    with mode:                                          # and the mode itself can be entered again
+    with mode:  # and the mode itself can be entered again
         assert mm_dtype() == torch.bfloat16
     assert nothing_casts()
 
@@ -158,7 +161,7 @@ def test_one_mode_serves_two_threads_at_once_as_torch_autocast_does():
         assert mm_dtype() == torch.bfloat16
         done.set()
         t.join(10)
-        assert mm_dtype() == torch.bfloat16                 # the other thread's exit left this one on
+        assert mm_dtype() == torch.bfloat16  # the other thread's exit left this one on
     assert seen == [(torch.bfloat16, True), (torch.float32, False)]
     assert nothing_casts()
     with mode:
@@ -167,6 +170,7 @@ def test_one_mode_serves_two_threads_at_once_as_torch_autocast_does():
 
 
 # --- other libraries' modes -----------------------------------------------------------------------
+
 
 class _Ops(TorchDispatchMode):
     def __init__(self):
@@ -183,8 +187,8 @@ def test_a_users_dispatch_mode_entered_after_a_region_keeps_seeing_ops():
     region, user = HpuAutocastMode(device_type="cpu"), _Ops()
     region.__enter__()
     user.__enter__()
-    torch.mm(A, B)                                      # cast: the user sees the two casts too
-    region.__exit__(None, None, None)                   # out of order: the user's mode is still open
+    torch.mm(A, B)  # cast: the user sees the two casts too
+    region.__exit__(None, None, None)  # out of order: the user's mode is still open
     assert mm_dtype() == torch.float32
     user.__exit__(None, None, None)
     assert user.ops == ["aten._to_copy.default", "aten._to_copy.default", "aten.mm.default", "aten.mm.default"]
@@ -192,6 +196,7 @@ def test_a_users_dispatch_mode_entered_after_a_region_keeps_seeing_ops():
 
 
 # --- device eligibility ---------------------------------------------------------------------------
+
 
 def test_fake_cuda_tensors_follow_native_autocast():
     # Fake CUDA tensors need no GPU. torch.autocast("cpu") leaves them alone (checked here);
@@ -215,14 +220,14 @@ def test_fake_cuda_tensors_follow_native_autocast():
 def test_device_type_picks_the_tensors_a_region_casts(machine_device):
     # Failed on 5407e8a: HpuAutocastMode took no device_type.
     m, a = torch.randn(2, 2, device="meta"), torch.randn(2, 2)
-    with HpuAutocastMode(device_type="meta"):          # shape work: meta tensors are cast, CPU ones not
+    with HpuAutocastMode(device_type="meta"):  # shape work: meta tensors are cast, CPU ones not
         assert (torch.mm(m, m).dtype, torch.mm(a, a).dtype) == (torch.bfloat16, torch.float32)
     with HpuAutocastMode(policy="torch-cpu", device_type="meta"):
         assert (torch.mm(m, m).dtype, torch.mm(a, a).dtype) == (torch.bfloat16, torch.float32)
     # Gaudi's presets name no device: without Gaudi, they cast the GPU's tensors where there is one
     # (or the suite runs --as-if-cuda, tests/conftest.py), else the CPU's.
     assert HpuAutocastMode().device_type == HpuAutocastMode(policy="hmp").device_type == machine_device
-    with HpuAutocastMode():                             # a CPU tensor is cast by a CPU region only
+    with HpuAutocastMode():  # a CPU tensor is cast by a CPU region only
         assert torch.mm(a, a).dtype == (torch.bfloat16 if machine_device == "cpu" else torch.float32)
     assert HpuAutocastMode(policy="torch-cuda").device_type == "cuda"
     with pytest.raises(ValueError, match="unknown device_type 'gpu'; accepted: cpu, cuda, hpu"):
@@ -242,13 +247,15 @@ def test_a_call_with_an_explicit_dtype_off_the_regions_device_is_not_reported():
     events = []
     with HpuAutocastMode(device_type="meta", policy=leave, observer=events.append):
         torch.mm(x, x.t()), torch.softmax(x, -1, dtype=torch.float32), F.cross_entropy(x, y)
-        assert events == []                             # CPU calls: none seen, with dtype= or not
-        torch.softmax(m, -1, dtype=torch.float32)       # the control: the region's device is seen
+        assert events == []  # CPU calls: none seen, with dtype= or not
+        torch.softmax(m, -1, dtype=torch.float32)  # the control: the region's device is seen
     assert [(e.name, str(e.outcome), e.reason) for e in events] == [
-        ("aten.softmax.int", "ineligible", "explicit dtype")]
+        ("aten.softmax.int", "ineligible", "explicit dtype")
+    ]
     assert not check_policy(lambda a, b: F.cross_entropy(a, b), x, y, device_type="meta", policy=leave)
-    assert check_policy(lambda a: torch.softmax(a, -1, dtype=torch.float32), m, device_type="meta", policy=leave,
-                        reference=False)                # on the device, the policy's rule applies
+    assert check_policy(
+        lambda a: torch.softmax(a, -1, dtype=torch.float32), m, device_type="meta", policy=leave, reference=False
+    )  # on the device, the policy's rule applies
 
 
 def _package_env() -> dict:
@@ -271,19 +278,36 @@ def test_the_suites_as_if_cuda_option_makes_the_default_device_cuda():
     # The option (tests/conftest.py) stands in for a GPU machine in CI: the tests above, run under
     # it, must find the default device type to be cuda, in this process and in one it starts, and
     # CPU tensors left alone. One run, so that a plain run of the suite checks the emulation too.
-    tests = [f"{Path(__file__).resolve()}::{name}" for name in (
-        "test_device_type_picks_the_tensors_a_region_casts",
-        "test_a_fresh_interpreter_finds_the_default_device_type_this_one_does")]
-    run = subprocess.run([sys.executable, "-m", "pytest", "--as-if-cuda", "-p", "no:cacheprovider", *tests],
-                         capture_output=True, text=True, env=_package_env())
+    tests = [
+        f"{Path(__file__).resolve()}::{name}"
+        for name in (
+            "test_device_type_picks_the_tensors_a_region_casts",
+            "test_a_fresh_interpreter_finds_the_default_device_type_this_one_does",
+        )
+    ]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--as-if-cuda", "-p", "no:cacheprovider", *tests],
+        capture_output=True,
+        text=True,
+        env=_package_env(),
+    )
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout + run.stderr
 
 
 # --- modes are values -----------------------------------------------------------------------------
 
+
 def _settings(mode):
-    return (mode.dtype, mode.policy, getattr(mode, "device_type", None), mode.enabled, mode.cache_enabled,
-            mode.observer, mode.verbose, mode.record)
+    return (
+        mode.dtype,
+        mode.policy,
+        getattr(mode, "device_type", None),
+        mode.enabled,
+        mode.cache_enabled,
+        mode.observer,
+        mode.verbose,
+        mode.record,
+    )
 
 
 @pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy])
@@ -291,18 +315,17 @@ def test_a_copy_of_a_mode_is_a_fresh_mode_with_its_settings(copier):
     # Failed on 5407e8a: deepcopy raised "cannot pickle 'mappingproxy' object" (the policy's
     # table), and copy.copy of an entered mode shared its region ("already entered").
     events = []
-    mode = HpuAutocastMode(torch.float16, policy="torch-cpu", cache_enabled=False, observer=events.append,
-                           record=True)
+    mode = HpuAutocastMode(torch.float16, policy="torch-cpu", cache_enabled=False, observer=events.append, record=True)
     twin = copier(mode)
     assert twin is not mode and _settings(twin) == _settings(mode) and repr(twin) == repr(mode)
     with mode:
-        inner = copier(mode)                            # a copy made while entered is not entered
+        inner = copier(mode)  # a copy made while entered is not entered
         assert _settings(inner) == _settings(mode)
         with inner:
             assert mm_dtype() == torch.float16
         assert mm_dtype() == torch.float16
     assert nothing_casts()
-    assert len(events) == 2                             # both regions' mm, seen by the shared observer
+    assert len(events) == 2  # both regions' mm, seen by the shared observer
     assert [r.calls for r in inner.report().rows] == [1]
 
 
@@ -315,8 +338,9 @@ def test_a_mode_pickles_as_its_settings(policy, entered):
 
     from hpu_autocast.policies.builder import get_preset
 
-    mode = HpuAutocastMode(torch.float16, cache_enabled=False,
-                           policy=get_preset("torch-cpu") if policy == "policy object" else policy)
+    mode = HpuAutocastMode(
+        torch.float16, cache_enabled=False, policy=get_preset("torch-cpu") if policy == "policy object" else policy
+    )
     with mode if entered else contextlib.nullcontext():
         twin = pickle.loads(pickle.dumps(mode))
     assert twin is not mode and _settings(twin) == _settings(mode) and repr(twin) == repr(mode)
@@ -328,6 +352,7 @@ def test_a_mode_pickles_as_its_settings(policy, entered):
 
 
 # --- clear errors, early --------------------------------------------------------------------------
+
 
 def _native_decorator_checks() -> bool:
     try:
@@ -349,14 +374,15 @@ def test_the_decorator_refuses_what_is_not_callable(thing):
         with pytest.raises(TypeError):
             torch.autocast("cpu")(thing)  # native refuses it too (torch 2.4 accepted it)
 
-@pytest.mark.parametrize("flag, value", [("enabled", "False"), ("enabled", 0), ("cache_enabled", "no"),
-                                         ("verbose", 1), ("record", None)])
+
+@pytest.mark.parametrize(
+    "flag, value", [("enabled", "False"), ("enabled", 0), ("cache_enabled", "no"), ("verbose", 1), ("record", None)]
+)
 def test_flags_that_are_not_bool_are_refused_by_name(flag, value):
     # Failed on 5407e8a: bool("False") is True, so enabled="False" cast. torch.autocast raises too.
     with pytest.raises(TypeError) as err:
         HpuAutocastMode(**{flag: value})
-    assert str(err.value) == (f"HpuAutocastMode: {flag} must be True or False, got {value!r} "
-                              f"({type(value).__name__})")
+    assert str(err.value) == (f"HpuAutocastMode: {flag} must be True or False, got {value!r} ({type(value).__name__})")
 
 
 def test_an_observer_that_cannot_be_called_is_refused_at_construction():
@@ -390,6 +416,7 @@ def test_report_command_passes_on_a_scripts_exit_message(tmp_path):
 
 
 # --- the report counts what the engine did --------------------------------------------------------
+
 
 class _CastsBelow(TorchDispatchMode):
     """The oracle (as tests/test_report.py's): dtype-changing ``_to_copy`` calls reaching ATen."""
@@ -465,12 +492,19 @@ _TAILS = ["none", "exp", "cat"] + (["mse"] if _cpu_bf16_mse_loss() else [])
 
 
 @settings(max_examples=40, deadline=None)
-@given(layers=st.lists(st.sampled_from(sorted(_LAYERS)), min_size=1, max_size=4),
-       calls=st.integers(1, 3), input_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       grad=st.booleans(), cache=st.booleans(), preset=st.sampled_from(["hpu", "hmp", "torch-cpu"]),
-       tail=st.sampled_from(_TAILS), seed=st.integers(0, 2**16))
-def test_report_cast_count_equals_the_casts_that_reached_aten(layers, calls, input_dtype, grad, cache, preset,
-                                                              tail, seed):
+@given(
+    layers=st.lists(st.sampled_from(sorted(_LAYERS)), min_size=1, max_size=4),
+    calls=st.integers(1, 3),
+    input_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    grad=st.booleans(),
+    cache=st.booleans(),
+    preset=st.sampled_from(["hpu", "hmp", "torch-cpu"]),
+    tail=st.sampled_from(_TAILS),
+    seed=st.integers(0, 2**16),
+)
+def test_report_cast_count_equals_the_casts_that_reached_aten(
+    layers, calls, input_dtype, grad, cache, preset, tail, seed
+):
     torch.manual_seed(seed)
     model = nn.Sequential(*(_LAYERS[name]() for name in layers))
     x = torch.randn(3, 4, dtype=input_dtype)
@@ -493,13 +527,19 @@ def test_report_cast_count_equals_the_casts_that_reached_aten(layers, calls, inp
 
 # --- Gaudi's PROMOTE ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", ["cat", "stack", "add", "sub", "addcmul"])
 def test_hpu_promote_of_bfloat16_and_float16_raises_as_on_gaudi(case):
     # Gaudi, and native autocast for its promote ops (cat, stack), refuse to promote a float16 input
     # in a bfloat16 region. Failed on 5407e8a: float32.
     h, f = torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.float16)
-    fn = {"cat": lambda: torch.cat([h, f]), "stack": lambda: torch.stack([h, f]), "add": lambda: h + f,
-          "sub": lambda: h - f, "addcmul": lambda: torch.addcmul(h, f, h)}[case]
+    fn = {
+        "cat": lambda: torch.cat([h, f]),
+        "stack": lambda: torch.stack([h, f]),
+        "add": lambda: h + f,
+        "sub": lambda: h - f,
+        "addcmul": lambda: torch.addcmul(h, f, h),
+    }[case]
     with HpuAutocastMode(device_type="cpu"):
         with pytest.raises(RuntimeError, match="cannot promote a float16 input in a bfloat16 region"):
             fn()
@@ -507,7 +547,7 @@ def test_hpu_promote_of_bfloat16_and_float16_raises_as_on_gaudi(case):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with pytest.raises(RuntimeError, match="Unexpected floating ScalarType"):
                 fn()
-    with HpuAutocastMode(device_type="cpu"):            # float32 first: float32, natively too
+    with HpuAutocastMode(device_type="cpu"):  # float32 first: float32, natively too
         assert torch.cat([torch.ones(2), f, h]).dtype == torch.float32
 
 
@@ -515,6 +555,7 @@ def test_hpu_promote_of_bfloat16_and_float16_raises_as_on_gaudi(case):
 # The README keeps the optimizer outside the region; a step inside one (a loop wrapped whole,
 # hmp.convert, the report command) runs with casting off, as outside (_torch_autocast's Note:
 # optimizer steps run with casting off).
+
 
 def _transformers_adafactor(params):
     optimization = pytest.importorskip("transformers.optimization")
@@ -526,6 +567,7 @@ def _torch_adafactor(foreach):
         if not hasattr(torch.optim, "Adafactor"):  # new in torch 2.5
             pytest.skip("this torch has no torch.optim.Adafactor")
         return torch.optim.Adafactor(params, foreach=foreach)
+
     return make
 
 
@@ -558,8 +600,11 @@ def _train(name, param_dtype, step_inside):
     return [p.detach() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("name, param_dtype", [(name, torch.float32) for name in _OPTIMIZERS]
-                         + [("Adadelta", torch.float16), ("Adafactor", torch.float16)], ids=str)
+@pytest.mark.parametrize(
+    "name, param_dtype",
+    [(name, torch.float32) for name in _OPTIMIZERS] + [("Adadelta", torch.float16), ("Adafactor", torch.float16)],
+    ids=str,
+)
 def test_an_optimizer_step_inside_an_hpu_region_computes_as_outside(name, param_dtype):
     # Failed on 5407e8a for the Adafactors: torch's failed in lerp_ ("expected dtype float for
     # `end` but got dtype BFloat16": grad * grad, mul on Gaudi's lower list, into a float32
@@ -623,11 +668,11 @@ def test_a_step_inside_a_region_sees_casting_off_and_the_region_resumes_after():
     outer = _Probe([w], inner=inner)
     with record(device_type="cpu") as rec:
         outer.step()
-        outer.step(lambda: mm_dtype())                  # a closure is the user's forward: cast
+        outer.step(lambda: mm_dtype())  # a closure is the user's forward: cast
         assert mm_dtype() == torch.bfloat16 and is_enabled()
     off = (False, False, torch.float32)
     assert outer.seen == [off, (False, torch.float32), off, ("closure", torch.bfloat16), (False, torch.float32)]
-    assert inner.seen == [off, (False, torch.float32)] * 2   # a step inside a step: still off
+    assert inner.seen == [off, (False, torch.float32)] * 2  # a step inside a step: still off
     # The report sees the steps' mm calls as the region's disabled block (the step turns casting
     # off as torch.autocast(enabled=False) does), and two cast ones: the closure's, and the one
     # after the steps.

@@ -33,8 +33,7 @@ def test_multihead_attention_runs_and_trains():
 
 def test_unlisted_and_inplace_defaults_cast_to_first_input():
     # HMP's rules: unlisted ops run in the dtype of the first floating input; in-place ops too.
-    policy = dataclasses.replace(get_preset("hpu"), name="first", unlisted=CastPolicy.FIRST,
-                                 inplace=CastPolicy.FIRST)
+    policy = dataclasses.replace(get_preset("hpu"), name="first", unlisted=CastPolicy.FIRST, inplace=CastPolicy.FIRST)
     a, b = torch.randn(3), torch.randn(3).bfloat16()
     with HpuAutocastMode(policy=policy, device_type="cpu"):
         assert torch.maximum(b, a).dtype == torch.bfloat16  # first input bf16: a cast down

@@ -30,8 +30,9 @@ def without_a_gpu(monkeypatch):
 
 
 FP8 = torch.float8_e4m3fn
-pytestmark = pytest.mark.skipif(not _torch.scaled_mm_runs_on("cpu"),
-                                reason=f"torch {torch.__version__} has no torch._scaled_mm for CPU tensors")
+pytestmark = pytest.mark.skipif(
+    not _torch.scaled_mm_runs_on("cpu"), reason=f"torch {torch.__version__} has no torch._scaled_mm for CPU tensors"
+)
 
 
 def _rel(a, b):
@@ -94,15 +95,25 @@ def test_hpu_runs_mm_in_fp8_and_softmax_in_bf16():
     assert out.dtype is torch.bfloat16
 
 
-@pytest.mark.parametrize("name, fn", [
-    ("addmm", lambda a, b, c: torch.addmm(c[0], a, b)),
-    ("addmm", lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=2.0)),
-    ("bmm", lambda a, b, c: torch.bmm(a.reshape(2, 16, 64), b.reshape(2, 32, 32)[:, :, :16].repeat(1, 2, 1))),
-    ("baddbmm", lambda a, b, c: torch.baddbmm(c[:16, :16].expand(2, 16, 16), a.reshape(2, 16, 64),
-                                              b.reshape(2, 32, 32).repeat(1, 2, 1)[:, :, :16])),
-    ("matmul", lambda a, b, c: torch.matmul(a.reshape(2, 16, 64), b)),
-    ("matmul", lambda a, b, c: torch.matmul(a.reshape(2, 1, 16, 64), b.reshape(2, 1, 32, 32)[..., :16].repeat(1, 1, 2, 1))),
-])
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("addmm", lambda a, b, c: torch.addmm(c[0], a, b)),
+        ("addmm", lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=2.0)),
+        ("bmm", lambda a, b, c: torch.bmm(a.reshape(2, 16, 64), b.reshape(2, 32, 32)[:, :, :16].repeat(1, 2, 1))),
+        (
+            "baddbmm",
+            lambda a, b, c: torch.baddbmm(
+                c[:16, :16].expand(2, 16, 16), a.reshape(2, 16, 64), b.reshape(2, 32, 32).repeat(1, 2, 1)[:, :, :16]
+            ),
+        ),
+        ("matmul", lambda a, b, c: torch.matmul(a.reshape(2, 16, 64), b)),
+        (
+            "matmul",
+            lambda a, b, c: torch.matmul(a.reshape(2, 1, 16, 64), b.reshape(2, 1, 32, 32)[..., :16].repeat(1, 1, 2, 1)),
+        ),
+    ],
+)
 def test_each_gemm_runs_in_fp8_near_float32(name, fn):
     torch.manual_seed(2)
     a, b, c = torch.randn(32, 64), torch.randn(64, 32), torch.randn(32, 32)
@@ -165,8 +176,9 @@ def test_any_policy_that_runs_bf16_runs_its_gemms_in_fp8_and_its_other_lower_ops
     # issue 38: torch-cuda's lists were refused, so a CUDA user had to take Gaudi's.
     policy = get_preset(preset)
     a, b = torch.randn(32, 64), torch.randn(64, 16)
-    out, seen = _events(lambda: torch.softmax(torch.mm(a, b), -1).matmul(torch.randn(16, 16)), policy=preset,
-                        device_type="cpu")  # CPU tensors under any device's lists
+    out, seen = _events(
+        lambda: torch.softmax(torch.mm(a, b), -1).matmul(torch.randn(16, 16)), policy=preset, device_type="cpu"
+    )  # CPU tensors under any device's lists
     lowered = [e for e in seen if policy.table.get(e.op) is CastPolicy.LOWER]
     assert {str(e.op) for e in lowered} >= {"aten.mm.default"}
     for e in lowered:  # the GEMMs in fp8, the rest of the lower list in bf16
@@ -249,11 +261,14 @@ def test_the_recipe_is_part_of_the_policys_value():
     assert dataclasses.replace(hpu, fp8=Delayed(history=4, margin=1)) == delayed
     assert pickle.loads(pickle.dumps(delayed)) == delayed and copy.deepcopy(delayed).fp8 == Delayed(4, 1)
     from hpu_autocast._engine.compiled import policy_serial
+
     assert policy_serial(delayed) != policy_serial(hpu)  # the compiled key the compile guard checks
 
 
-@pytest.mark.parametrize("bad, match", [(dict(history=0), "history"), (dict(margin=-1), "margin"),
-                                        (dict(amax_compute="mean"), "amax_compute")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [(dict(history=0), "history"), (dict(margin=-1), "margin"), (dict(amax_compute="mean"), "amax_compute")],
+)
 def test_a_bad_delayed_recipe_names_what_is_accepted(bad, match):
     with pytest.raises(ValueError, match=f"{match} = .*accepted"):
         Delayed(**bad)
@@ -370,7 +385,8 @@ def test_the_report_shows_the_recipe_beside_the_fp8_dtype():
     with record(FP8, policy=policy) as rec:
         torch.mm(a, a)
     assert str(rec.report()).startswith(
-        "hpu_autocast precision report: policy hpu, dtype f8e4m3 (delayed(history=8, margin=0, amax=most_recent); emulated)")
+        "hpu_autocast precision report: policy hpu, dtype f8e4m3 (delayed(history=8, margin=0, amax=most_recent); emulated)"
+    )
     with record(torch.bfloat16) as rec:
         torch.mm(a, a)
     assert rec.report().dtype == "bf16"
@@ -387,7 +403,10 @@ def test_on_hpu_tensors_the_bridges_fp8_gemm_runs(monkeypatch):
         y = torch.softmax(F.linear(x, w), -1)
     assert (y.dtype, y.device.type, tuple(y.shape)) == (torch.bfloat16, "hpu", (2, 16, 32))
     assert bridge.calls.count(("fp8_gemm_v2", FP8, FP8, torch.bfloat16)) == 1
-    assert [(str(e.op), e.compute) for e in seen] == [("aten.linear.default", FP8), ("aten.softmax.int", torch.bfloat16)]
+    assert [(str(e.op), e.compute) for e in seen] == [
+        ("aten.linear.default", FP8),
+        ("aten.softmax.int", torch.bfloat16),
+    ]
 
 
 def test_the_stand_ins_fp8_gemm_computes_what_scaled_mm_does(monkeypatch):

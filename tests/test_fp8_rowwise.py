@@ -34,10 +34,19 @@ def _spread(*shape):
 
 
 # -- torchao as the oracle ----------------------------------------------------------------------
-@pytest.mark.parametrize("emulate, bias", [
-    pytest.param(True, True, id="emulated-bias"), pytest.param(True, False, id="emulated"),
-    pytest.param(False, True, id="scaled_mm-bias", marks=pytest.mark.skipif(
-        not _torch.scaled_mm_runs_on("cpu"), reason="no torch._scaled_mm for CPU tensors"))])
+@pytest.mark.parametrize(
+    "emulate, bias",
+    [
+        pytest.param(True, True, id="emulated-bias"),
+        pytest.param(True, False, id="emulated"),
+        pytest.param(
+            False,
+            True,
+            id="scaled_mm-bias",
+            marks=pytest.mark.skipif(not _torch.scaled_mm_runs_on("cpu"), reason="no torch._scaled_mm for CPU tensors"),
+        ),
+    ],
+)
 @pytest.mark.parametrize("name, recipe", [("rowwise", Rowwise()), ("rowwise_with_gw_hp", Rowwise(weight_grad="high"))])
 def test_a_rowwise_regions_linear_equals_torchaos_bit_for_bit_in_bf16(name, recipe, emulate, bias):
     ao = pytest.importorskip("torchao.float8", reason="torchao (the fp8 extra) is not installed")
@@ -94,7 +103,10 @@ def test_rowwise_is_policy_data_named_in_the_report():
     assert Rowwise() == Rowwise("e4m3") != Rowwise(weight_grad="high")
     assert _policy(Rowwise()) != _policy(Rowwise(weight_grad="high"))
     assert [str(r) for r in (Rowwise(), Rowwise(weight_grad="high"), Rowwise(emulate=False))] == [
-        "rowwise", "rowwise(weight_grad=high)", "rowwise(scaled_mm)"]
+        "rowwise",
+        "rowwise(weight_grad=high)",
+        "rowwise(scaled_mm)",
+    ]
     a = torch.randn(16, 32)
     with record(FP8, policy=_policy(Rowwise(weight_grad="high"))) as rec:
         torch.mm(a, a.t())
@@ -114,8 +126,15 @@ def test_tune_names_the_recipe_and_keeps_it():
     torch.manual_seed(6)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
     lines = []
-    result = tune(lambda x: net(x), torch.randn(32, 64), dtype=FP8, policy=_policy(Rowwise()), tolerance=1e-3,
-                  max_runs=12, progress=lines.append)
+    result = tune(
+        lambda x: net(x),
+        torch.randn(32, 64),
+        dtype=FP8,
+        policy=_policy(Rowwise()),
+        tolerance=1e-3,
+        max_runs=12,
+        progress=lines.append,
+    )
     assert any("start (hpu-r, rowwise) -> error" in line for line in lines)
     assert result.bf16_gemms == ("linear",) and result.policy.fp8 == Rowwise()
 

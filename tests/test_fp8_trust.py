@@ -30,9 +30,14 @@ def _policy(recipe, name="hpu-r"):
 
 
 #: Both products: the CPU's emulated one (the default) and the real torch._scaled_mm.
-PRODUCTS = [pytest.param(True, id="emulated"),
-            pytest.param(False, id="scaled_mm", marks=pytest.mark.skipif(
-                not _torch.scaled_mm_runs_on("cpu"), reason="no torch._scaled_mm for CPU tensors"))]
+PRODUCTS = [
+    pytest.param(True, id="emulated"),
+    pytest.param(
+        False,
+        id="scaled_mm",
+        marks=pytest.mark.skipif(not _torch.scaled_mm_runs_on("cpu"), reason="no torch._scaled_mm for CPU tensors"),
+    ),
+]
 
 
 # -- the defects ---------------------------------------------------------------------------------
@@ -49,11 +54,14 @@ def test_beta_0_ignores_a_nan_self_as_torch_does(emulate):
     assert torch.equal(out, ref) and torch.equal(bout, ref.expand(2, 32, 32))
 
 
-@pytest.mark.parametrize("fn, shape", [
-    (lambda: torch.bmm(torch.randn(0, 16, 32), torch.randn(0, 32, 16)), (0, 16, 16)),
-    (lambda: torch.baddbmm(torch.randn(16), torch.randn(0, 16, 32), torch.randn(0, 32, 16)), (0, 16, 16)),
-    (lambda: torch.matmul(torch.randn(2, 0, 16, 32), torch.randn(2, 0, 32, 16)), (2, 0, 16, 16)),
-])
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda: torch.bmm(torch.randn(0, 16, 32), torch.randn(0, 32, 16)), (0, 16, 16)),
+        (lambda: torch.baddbmm(torch.randn(16), torch.randn(0, 16, 32), torch.randn(0, 32, 16)), (0, 16, 16)),
+        (lambda: torch.matmul(torch.randn(2, 0, 16, 32), torch.randn(2, 0, 32, 16)), (2, 0, 16, 16)),
+    ],
+)
 def test_a_batch_of_0_gives_an_empty_result_as_a_bf16_region_does(fn, shape):
     # defect 2: torch.stack of an empty list raised.
     with HpuAutocastMode(FP8):
@@ -74,7 +82,7 @@ def test_a_broadcastable_one_element_bias_is_added_as_torch_adds_it(emulate):
         plain = F.linear(a, w)
     ref = (plain.float() + bias.detach()).to(BF16)  # float32 product + bias, one rounding
     # (plain was rounded to bf16 once already: within one bf16 step of it)
-    assert torch.allclose(lin.float(), ref.float(), rtol=2 ** -7, atol=2 ** -6) and torch.equal(lin, add)
+    assert torch.allclose(lin.float(), ref.float(), rtol=2**-7, atol=2**-6) and torch.equal(lin, add)
     (lin.float().sum() + add.float().sum()).backward()
     assert bias.grad.shape == (1,) and torch.allclose(bias.grad, torch.tensor([2.0 * 32 * 16]))
 
@@ -184,7 +192,7 @@ def test_the_emulation_equals_scaled_mm_up_to_the_order_of_float32_sums():
     for e, s in zip(out[True], out[False]):
         # the same quantized operands: they part only where float32 sums in another order round
         # to another bf16 neighbour (docs/fp8.md gives the measured share)
-        assert ((e.float() - s.float()).abs() <= 2 ** -7 * s.float().abs() + 1e-6).all()
+        assert ((e.float() - s.float()).abs() <= 2**-7 * s.float().abs() + 1e-6).all()
 
 
 def test_the_report_says_which_product_ran():

@@ -33,17 +33,23 @@ SEED = os.environ.get("HPU_AUTOCAST_FUZZ_SEED")
 EXCLUDE = [n for n in os.environ.get("HPU_AUTOCAST_FUZZ_EXCLUDE", "").split(",") if n]
 _unknown = [n for n in EXCLUDE if n not in (*_fuzz.OPS, *_fuzz.EVENTS, *_fuzz.KINDS)]
 if _unknown:
-    raise ValueError(f"HPU_AUTOCAST_FUZZ_EXCLUDE: unknown names {_unknown}; accepted: the ops, events and "
-                     f"block kinds of tests/_fuzz.py ({', '.join([*_fuzz.OPS, *_fuzz.EVENTS, *_fuzz.KINDS])})")
+    raise ValueError(
+        f"HPU_AUTOCAST_FUZZ_EXCLUDE: unknown names {_unknown}; accepted: the ops, events and "
+        f"block kinds of tests/_fuzz.py ({', '.join([*_fuzz.OPS, *_fuzz.EVENTS, *_fuzz.KINDS])})"
+    )
 
 
 if not CACHES_WITH_GRAD:  # the region does what torch 2.13 and later do: those blocks are not drawn
     EXCLUDE = [*EXCLUDE, "no_grad", "inference_mode"]
 
 # No explain phase: it reruns a failing program a thousand times to annotate it (70 s here).
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                phases=[Phase.explicit, Phase.generate, Phase.shrink],
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 programs = fuzz_programs(exclude=EXCLUDE)
 
@@ -51,6 +57,7 @@ programs = fuzz_programs(exclude=EXCLUDE)
 def _final() -> bool:
     """Whether hypothesis is replaying the example it reports (minimising only then)."""
     from hypothesis.control import current_build_context
+
     return getattr(current_build_context(), "is_final", True)
 
 
@@ -85,63 +92,159 @@ _THREAD = (("copy", True),)
 
 FOUND = {
     # issue 18: the cast cache served a stale copy after a write that bypasses the version counter
-    "stale copy after a NumPy write": Program(234, _BF, True, (
-        Op("prelu", (3, 1, 2)), Event("numpy_add", (3, 3, 3)), Op("prelu", (3, 1, 3))), ()),
-    "stale copy after a DLPack write": Program(0, _BF, True, (
-        Op("mm", (4, 3, 0)), Event("dlpack_mul", (3, 0, 0)), Op("mm", (3, 5, 0))), ()),
-    "stale copy after a .data write": Program(33, _F16, True, (
-        Op("vecdot", (1, 1, 1)), Event("data_mul", (1, 1, 1)),
-        Block("inference_mode", (), (Op("matmul", (1, 1, 1)),))), ()),
+    "stale copy after a NumPy write": Program(
+        234, _BF, True, (Op("prelu", (3, 1, 2)), Event("numpy_add", (3, 3, 3)), Op("prelu", (3, 1, 3))), ()
+    ),
+    "stale copy after a DLPack write": Program(
+        0, _BF, True, (Op("mm", (4, 3, 0)), Event("dlpack_mul", (3, 0, 0)), Op("mm", (3, 5, 0))), ()
+    ),
+    "stale copy after a .data write": Program(
+        33,
+        _F16,
+        True,
+        (
+            Op("vecdot", (1, 1, 1)),
+            Event("data_mul", (1, 1, 1)),
+            Block("inference_mode", (), (Op("matmul", (1, 1, 1)),)),
+        ),
+        (),
+    ),
     # issue 18: a weight frozen between two uses still gave a result requiring grad
-    "a weight frozen between two uses": Program(32, _F16, True, (
-        Op("vecdot", (0, 0, 0)), Event("freeze", (0, -2, -1)), Op("vecdot", (0, 0, -2))), ()),
+    "a weight frozen between two uses": Program(
+        32, _F16, True, (Op("vecdot", (0, 0, 0)), Event("freeze", (0, -2, -1)), Op("vecdot", (0, 0, -2))), ()
+    ),
     # issue 18: a copy made under inference_mode reused outside it
-    "a copy made under inference_mode": Program(105, _F16, True, (
-        Block("inference_mode", (), (Op("mm", (0, 0, 0)),)), Op("prod", (-2, -2, 0)), Op("prod", (-2, -2, -2))), ()),
+    "a copy made under inference_mode": Program(
+        105,
+        _F16,
+        True,
+        (Block("inference_mode", (), (Op("mm", (0, 0, 0)),)), Op("prod", (-2, -2, 0)), Op("prod", (-2, -2, -2))),
+        (),
+    ),
     # issue 18: a nested torch.autocast(cache_enabled=False) still used the region's cache
-    "a nested torch.autocast without the cache": Program(40, _BF, True, (
-        Block("autocast", _autocast(_BF, cache=False), (Op("mm", (1, 1, 1)),)),), ()),
+    "a nested torch.autocast without the cache": Program(
+        40, _BF, True, (Block("autocast", _autocast(_BF, cache=False), (Op("mm", (1, 1, 1)),)),), ()
+    ),
     # issue 18: torch.is_autocast_cache_enabled() answered True in a cache_enabled=False region
     "the cache flag of a region without the cache": Program(0, _BF, False, (Event("guards", (0, 0, 0)),), ()),
     # issue 18: disable_casts() inside torch.autocast("cpu") left native casting on
-    "disable_casts inside torch.autocast": Program(211, _F16, False, (), (
-        Block("autocast", _autocast(_BF, cache=False), (Block("disable_casts", (), (Op("mm", (3, 3, 3)),)),)),)),
+    "disable_casts inside torch.autocast": Program(
+        211,
+        _F16,
+        False,
+        (),
+        (Block("autocast", _autocast(_BF, cache=False), (Block("disable_casts", (), (Op("mm", (3, 3, 3)),)),)),),
+    ),
     # issue 18: guards in a worker thread with a copied context
-    "guards in a thread with a copied context": Program(226, _BF, True, (
-        Block("thread", _THREAD, (Event("guards", (-1, 2, -2)),)),), ()),
-    "torch.autocast in a thread with a copied context": Program(0, _F16, False, (
-        Block("thread", _THREAD, (Block("autocast", _autocast(_F16, cache=False), (Op("mm", (2, 2, 2)),)),)),), ()),
+    "guards in a thread with a copied context": Program(
+        226, _BF, True, (Block("thread", _THREAD, (Event("guards", (-1, 2, -2)),)),), ()
+    ),
+    "torch.autocast in a thread with a copied context": Program(
+        0,
+        _F16,
+        False,
+        (Block("thread", _THREAD, (Block("autocast", _autocast(_F16, cache=False), (Op("mm", (2, 2, 2)),)),)),),
+        (),
+    ),
     # beyond issue 18: an op's casts made first to last (native: last to first)
-    "one weight cast for two arguments of one op": Program(7, _BF, False, (Op("mm", (0, 0, 0)),), (Op("mm", (0, 0, 0)),)),
+    "one weight cast for two arguments of one op": Program(
+        7, _BF, False, (Op("mm", (0, 0, 0)),), (Op("mm", (0, 0, 0)),)
+    ),
     "a bfloat16 weight cast for three arguments of one op": Program(0, _F16, False, (Op("addmm", (-1, -1, -1)),), ()),
-    "a bfloat16 weight cast for two arguments of attention": Program(26, _F16, True, (
-        Op("matmul", (5, 5, 5)), Op("sdpa", (1, 5, 5))), ()),
+    "a bfloat16 weight cast for two arguments of attention": Program(
+        26, _F16, True, (Op("matmul", (5, 5, 5)), Op("sdpa", (1, 5, 5))), ()
+    ),
     # beyond issue 18: torch.autocast inside disable_casts()
-    "torch.autocast without a dtype inside disable_casts": Program(211, _F16, False, (
-        Block("mode_off", (), (Block("autocast", _autocast(None, cache=False), (Op("mm", (3, 3, 3)),)),)),), ()),
-    "a weight cast in the region and in torch.autocast inside disable_casts": Program(58, _F16, True, (
-        Op("conv", (3, 3, -1)),
-        Block("disable_casts", (), (Block("autocast", _autocast(_F16), (Op("conv", (-1, -1, 3)),)),))), ()),
-    "a checkpoint in torch.autocast inside disable_casts": Program(76, _F16, True, (
-        Block("mode_off", (), (Block("cpu_amp", (("dtype", _F16), ("cache", True)), (
-            Op("checkpoint_reentrant", (1, 0, 1)),)),)),), ()),
+    "torch.autocast without a dtype inside disable_casts": Program(
+        211,
+        _F16,
+        False,
+        (Block("mode_off", (), (Block("autocast", _autocast(None, cache=False), (Op("mm", (3, 3, 3)),)),)),),
+        (),
+    ),
+    "a weight cast in the region and in torch.autocast inside disable_casts": Program(
+        58,
+        _F16,
+        True,
+        (
+            Op("conv", (3, 3, -1)),
+            Block("disable_casts", (), (Block("autocast", _autocast(_F16), (Op("conv", (-1, -1, 3)),)),)),
+        ),
+        (),
+    ),
+    "a checkpoint in torch.autocast inside disable_casts": Program(
+        76,
+        _F16,
+        True,
+        (
+            Block(
+                "mode_off",
+                (),
+                (Block("cpu_amp", (("dtype", _F16), ("cache", True)), (Op("checkpoint_reentrant", (1, 0, 1)),)),),
+            ),
+        ),
+        (),
+    ),
     # beyond issue 18, on main at 0692344: a region's exit inside torch.autocast(cache_enabled=False)
     # set torch's cache flag to its parent region's, not to what it found
-    "the cache flag after a disabled region inside torch.autocast without the cache": Program(25, _F16, True, (
-        Block("autocast", _autocast(_F16, cache=False), (
-            Block("mode_off", (), (Op("mm_slices", (4, 5, 4)),)), Event("guards", (4, 5, 4)))),), ()),
-    "the cache after a nested region inside torch.autocast without the cache": Program(0, _BF, True, (
-        Block("autocast", _autocast(_BF, cache=False), (
-            Block("region", (("dtype", _BF), ("cache", True)), (Op("relu", (0, 0, 0)),)), Op("mm", (1, 1, 1)))),), ()),
-    "the cache after disable_casts inside torch.autocast with the cache, in a region without": Program(0, _BF, False, (
-        Block("autocast", _autocast(None, cache=True), (
-            Block("disable_casts", (), (Op("mm", (0, 0, 0)),)), Op("mm", (0, 0, 0)))),), ()),
+    "the cache flag after a disabled region inside torch.autocast without the cache": Program(
+        25,
+        _F16,
+        True,
+        (
+            Block(
+                "autocast",
+                _autocast(_F16, cache=False),
+                (Block("mode_off", (), (Op("mm_slices", (4, 5, 4)),)), Event("guards", (4, 5, 4))),
+            ),
+        ),
+        (),
+    ),
+    "the cache after a nested region inside torch.autocast without the cache": Program(
+        0,
+        _BF,
+        True,
+        (
+            Block(
+                "autocast",
+                _autocast(_BF, cache=False),
+                (Block("region", (("dtype", _BF), ("cache", True)), (Op("relu", (0, 0, 0)),)), Op("mm", (1, 1, 1))),
+            ),
+        ),
+        (),
+    ),
+    "the cache after disable_casts inside torch.autocast with the cache, in a region without": Program(
+        0,
+        _BF,
+        False,
+        (
+            Block(
+                "autocast",
+                _autocast(None, cache=True),
+                (Block("disable_casts", (), (Op("mm", (0, 0, 0)),)), Op("mm", (0, 0, 0))),
+            ),
+        ),
+        (),
+    ),
     # beyond issue 18, docs/design.md's known difference (not yet fixed): a region nested in a
     # torch.autocast block (no region around) keeps a cache of its own
-    "a weight cast in torch.autocast and in a region nested in it": Program(0, _BF, False, (), (
-        Block("autocast", _autocast(None), (
-            Op("mm", (0, 0, 0)), Op("mm", (0, 0, 0)),
-            Block("region", (("dtype", _BF), ("cache", True)), (Op("mm", (0, 0, 0)),)))),)),
+    "a weight cast in torch.autocast and in a region nested in it": Program(
+        0,
+        _BF,
+        False,
+        (),
+        (
+            Block(
+                "autocast",
+                _autocast(None),
+                (
+                    Op("mm", (0, 0, 0)),
+                    Op("mm", (0, 0, 0)),
+                    Block("region", (("dtype", _BF), ("cache", True)), (Op("mm", (0, 0, 0)),)),
+                ),
+            ),
+        ),
+    ),
 }
 
 
@@ -151,12 +254,18 @@ def _kinds(steps) -> set:
 
 
 #: Known differences, not yet fixed (docs/design.md, "The cast cache"): strict, so a fix shows.
-KNOWN = {"a weight cast in torch.autocast and in a region nested in it":
-         "a region nested in torch.autocast keeps its own cast cache (docs/design.md, The cast cache)"}
+KNOWN = {
+    "a weight cast in torch.autocast and in a region nested in it": "a region nested in torch.autocast keeps its own cast cache (docs/design.md, The cast cache)"
+}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True))
-                                  if n in KNOWN else n for n in sorted(FOUND)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True)) if n in KNOWN else n
+        for n in sorted(FOUND)
+    ],
+)
 def test_a_program_the_fuzzer_found_runs_as_native(name):
     program = FOUND[name]
     if not CACHES_WITH_GRAD and _kinds(program.body + program.after) & {"no_grad", "inference_mode"}:
@@ -167,8 +276,14 @@ def test_a_program_the_fuzzer_found_runs_as_native(name):
 
 # --- the harness itself ------------------------------------------------------------------------------
 
-@settings(max_examples=25, deadline=None, database=None, phases=[Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @seed(1)
 @given(program=fuzz_programs())
 def test_programs_are_deterministic(program):
@@ -185,12 +300,14 @@ def test_the_comparison_sees_one_bit():
     one_ulp = torch.tensor([float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))), 0.0, float("nan")])
     negative_zero = torch.tensor([1.0, -0.0, float("nan")])
     seen = _fuzz.Seen.of
-    assert seen(x).same(seen(x.clone()))                    # NaN equals itself, bit for bit
+    assert seen(x).same(seen(x.clone()))  # NaN equals itself, bit for bit
     assert not seen(x).same(seen(one_ulp))
-    assert not seen(x).same(seen(negative_zero))            # torch.equal would call these equal
+    assert not seen(x).same(seen(negative_zero))  # torch.equal would call these equal
     assert not seen(x).same(seen(x.requires_grad_()))
     raised = _fuzz.Raised
-    assert _fuzz.same(raised(RuntimeError), raised(hpu_autocast.policies.rules.PromoteError))   # caught by the same except
+    assert _fuzz.same(
+        raised(RuntimeError), raised(hpu_autocast.policies.rules.PromoteError)
+    )  # caught by the same except
     assert not _fuzz.same(raised(hpu_autocast.policies.rules.PromoteError), raised(RuntimeError))
     assert not _fuzz.same(raised(RuntimeError), seen(x))
 
@@ -210,8 +327,17 @@ def test_the_fuzzer_reports_a_region_that_is_not_natives(hpu_region):
 
 
 def test_a_failure_minimises_to_the_steps_it_needs(hpu_region):
-    program = Program(0, _BF, False, (Op("mm", (0, 0, 0)), Event("backward", (-1, 0, 0)),
-                                      Block("no_grad", (), (Op("relu", (1, 0, 0)), Op("softmax", (2, 0, 0)))),
-                                      Op("add", (2, 3, 0))), (Op("mm", (1, 1, 1)),))
+    program = Program(
+        0,
+        _BF,
+        False,
+        (
+            Op("mm", (0, 0, 0)),
+            Event("backward", (-1, 0, 0)),
+            Block("no_grad", (), (Op("relu", (1, 0, 0)), Op("softmax", (2, 0, 0)))),
+            Op("add", (2, 3, 0)),
+        ),
+        (Op("mm", (1, 1, 1)),),
+    )
     kind = difference(program)[0]
     assert minimise(program, kind) == Program(0, _BF, False, (Op("softmax", (2, 0, 0)),), ())

@@ -42,13 +42,14 @@ def _ours(dtype=torch.bfloat16, **kwargs):
 # arguments of one op and its gradient meets a third contribution, the float32 sums run in
 # another order: the gradient differs from native's in the last bits.
 
+
 def _attention_grad(ctx, seed):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(2, 8, 16, generator=g, requires_grad=True)
     r = torch.randn(2, 8, 16, generator=g)
     with ctx:
-        h = w * 2                                     # a float32 activation, not a leaf: cast per use
-        y = F.scaled_dot_product_attention(h, h, h)   # self-attention on it: three casts of h
+        h = w * 2  # a float32 activation, not a leaf: cast per use
+        y = F.scaled_dot_product_attention(h, h, h)  # self-attention on it: three casts of h
     (y.float() * r).sum().backward()
     return y, w.grad
 
@@ -80,6 +81,7 @@ def test_a_weight_cast_twice_in_one_op_without_the_cache_has_natives_gradient():
 
 
 # --- torch.autocast inside disable_casts() inside a region --------------------------------------
+
 
 def test_torch_autocast_without_a_dtype_inside_disable_casts_takes_the_regions_dtype():
     # Native: torch.autocast("cpu", enabled=False) keeps the outer dtype, and a torch.autocast
@@ -142,6 +144,7 @@ def test_a_checkpoint_in_torch_autocast_inside_disable_casts_recomputes_as_its_f
 
 # --- torch's cache flag after a region nested in torch.autocast ------------------------------------
 
+
 @pytest.mark.parametrize("region_cache,autocast_cache", [(True, False), (False, True)])
 @pytest.mark.parametrize("inner", ["disable_casts", "region"])
 def test_a_region_exiting_inside_torch_autocast_leaves_torch_autocasts_cache_flag(inner, region_cache, autocast_cache):
@@ -171,8 +174,12 @@ def test_a_region_exiting_inside_torch_autocast_leaves_torch_autocasts_cache_fla
 
 # --- a region nested in torch.autocast ----------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="known, not yet fixed: a region nested in torch.autocast keeps its own "
-                   "cast cache (docs/design.md, The cast cache)")
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known, not yet fixed: a region nested in torch.autocast keeps its own "
+    "cast cache (docs/design.md, The cast cache)",
+)
 def test_a_weight_used_in_torch_autocast_and_in_a_region_nested_in_it_shares_natives_cast():
     # docs/design.md's known difference (a longer fuzz hunt finds it: HPU_AUTOCAST_FUZZ_SEED=5):
     # the region keeps a cache of its own, so the weight is cast once in the block and once in
@@ -197,8 +204,10 @@ def test_a_weight_used_in_torch_autocast_and_in_a_region_nested_in_it_shares_nat
 
 _OFF_OUTSIDE = {  # the package's disabled region with no policy, and native's spelling of it
     "disable_casts": (hpu_autocast.disable_casts, lambda: torch.autocast("cpu", enabled=False)),
-    "disabled_cpu_region": (lambda: HpuAutocastMode(enabled=False, device_type="cpu"),
-                            lambda: torch.autocast("cpu", enabled=False)),
+    "disabled_cpu_region": (
+        lambda: HpuAutocastMode(enabled=False, device_type="cpu"),
+        lambda: torch.autocast("cpu", enabled=False),
+    ),
 }
 _ON_INSIDE = {
     "cpu_amp_no_dtype": lambda: torch.cpu.amp.autocast(dtype=None, cache_enabled=True),
@@ -213,7 +222,8 @@ _ON_INSIDE = {
 @pytest.mark.parametrize("inner", sorted(_ON_INSIDE))
 @pytest.mark.parametrize("off", sorted(_OFF_OUTSIDE))
 def test_a_checkpoint_in_torch_autocast_inside_a_disabled_region_outside_any_recomputes_natively(
-        off, inner, reentrant, backward_in):
+    off, inner, reentrant, backward_in
+):
     # The fuzzer's (HPU_AUTOCAST_FUZZ_SEED=41, 6000 programs), on main at cbe976e under both
     # engines: a disabled region with no policy owns no device, so the torch.autocast inside it
     # turned torch's own CPU autocast on and the forward ran natively in the lower dtype. The
@@ -239,6 +249,7 @@ def test_a_checkpoint_in_torch_autocast_inside_a_disabled_region_outside_any_rec
 
 
 # --- a checkpoint in an opt-out, whose function turns casting back on ----------------------------
+
 
 def _softmax_block(a, b):
     with torch.autocast("cpu"):  # inside an opt-out: turns the region's policy back on

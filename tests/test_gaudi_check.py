@@ -34,14 +34,30 @@ def test_gaudi_check_prints_a_block_to_paste(tmp_path):
     (tmp_path / "habana_frameworks").mkdir()
     (tmp_path / "habana_frameworks" / "__init__.py").write_text(_BRIDGE)
     path = [str(tmp_path), str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    r = subprocess.run([sys.executable, "-m", "hpu_autocast", "gaudi-check", "--smoke", "--device", "cpu",
-                        "--only", "op.cast", "-k", "stand_in or reach or mlp"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpu_autocast",
+            "gaudi-check",
+            "--smoke",
+            "--device",
+            "cpu",
+            "--only",
+            "op.cast",
+            "-k",
+            "stand_in or reach or mlp",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert out.startswith("hpu-autocast gaudi-check: tests passed, benchmark ran.")
-    block = out[out.index("```text\n") + 8:out.rindex("```")]
+    block = out[out.index("```text\n") + 8 : out.rindex("```")]
     assert f"torch {torch.__version__}, Python" in block
     assert "habana_frameworks 0.0+stand-in; device GAUDI2; mode eager" in block  # the stand-in's
     assert re.search(r"^\d+ passed.* in [\d.]+s$", block, re.M) and " failed" not in block

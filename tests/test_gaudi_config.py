@@ -22,8 +22,22 @@ from hpu_autocast.policies.gaudi import ENV_FP32, ENV_LOWER
 
 # optimum-habana's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS (BERT's lists), the lists its docs and
 # examples' gaudi_config.json files carry.
-OPTIMUM_BF16 = ["add", "addmm", "bmm", "div", "dropout", "gelu", "iadd", "linear", "layer_norm", "matmul", "mm",
-                "rsub", "softmax", "truediv"]
+OPTIMUM_BF16 = [
+    "add",
+    "addmm",
+    "bmm",
+    "div",
+    "dropout",
+    "gelu",
+    "iadd",
+    "linear",
+    "layer_norm",
+    "matmul",
+    "mm",
+    "rsub",
+    "softmax",
+    "truediv",
+]
 OPTIMUM_FP32 = ["embedding", "nll_loss", "log_softmax"]
 
 
@@ -121,7 +135,9 @@ def test_a_directory_is_read_as_from_pretrained_reads_it(tmp_path):
     assert policy_from_gaudi_config(tmp_path) == policy_from_gaudi_config(str(tmp_path / "gaudi_config.json"))
 
 
-@pytest.mark.parametrize("config", [{}, {"use_torch_autocast": True}, {"autocast_bf16_ops": None, "autocast_fp32_ops": None}])
+@pytest.mark.parametrize(
+    "config", [{}, {"use_torch_autocast": True}, {"autocast_bf16_ops": None, "autocast_fp32_ops": None}]
+)
 def test_no_lists_is_the_hpu_preset(config):
     # GaudiConfig's lists default to None: optimum-habana sets no variable, Gaudi runs its own lists.
     with warnings.catch_warnings():
@@ -129,8 +145,9 @@ def test_no_lists_is_the_hpu_preset(config):
         assert policy_from_gaudi_config(config) == get_preset("hpu")
 
 
-@pytest.mark.parametrize("given, missing", [("autocast_bf16_ops", "autocast_fp32_ops"),
-                                            ("autocast_fp32_ops", "autocast_bf16_ops")])
+@pytest.mark.parametrize(
+    "given, missing", [("autocast_bf16_ops", "autocast_fp32_ops"), ("autocast_fp32_ops", "autocast_bf16_ops")]
+)
 def test_one_list_alone_is_left_out_with_a_warning_as_optimum_habana_leaves_it(tmp_path, given, missing):
     path = _config(tmp_path, {given: ["mm"]})
     with pytest.warns(UserWarning) as record:
@@ -139,10 +156,12 @@ def test_one_list_alone_is_left_out_with_a_warning_as_optimum_habana_leaves_it(t
     assert [str(w.message) for w in record] == [
         f"Gaudi configuration {path!r} gives {given} but not {missing}; optimum-habana sets autocast's lists only "
         f"when both are given, so neither applies and the policy is the 'hpu' preset's. Give both lists (to keep "
-        f"one of the preset's, copy its names: hpu-autocast policy --preset hpu)."]
+        f"one of the preset's, copy its names: hpu-autocast policy --preset hpu)."
+    ]
 
 
 # --- errors name the op and where it came from, as the list-file route's do ----------------------------
+
 
 def test_an_unknown_op_is_named_with_its_file_and_key_as_a_list_files_line(tmp_path):
     bf16 = ["add", "mm", "bmm", "mmm"]
@@ -154,14 +173,18 @@ def test_an_unknown_op_is_named_with_its_file_and_key_as_a_list_files_line(tmp_p
     with pytest.raises(PolicyError) as from_file:
         policy_from_files("hpu", lower=lower)
     # The same error, with the JSON key where the file has its line.
-    assert str(direct.value) == str(from_file.value).replace(f"({lower}, line 4)",
-                                                             f"({path}, key autocast_bf16_ops[3])")
+    assert str(direct.value) == str(from_file.value).replace(
+        f"({lower}, line 4)", f"({path}, key autocast_bf16_ops[3])"
+    )
     assert str(direct.value).startswith(f"unknown op 'mmm' ({path}, key autocast_bf16_ops[3]); closest valid names: mm")
 
 
 def test_an_unknown_op_of_a_dict_is_named_with_its_key():
-    with pytest.raises(PolicyError, match=r"^unknown op 'softmaxx' \(dict key autocast_fp32_ops\[1\]\); "
-                                          r"closest valid names: softmax"):
+    with pytest.raises(
+        PolicyError,
+        match=r"^unknown op 'softmaxx' \(dict key autocast_fp32_ops\[1\]\); "
+        r"closest valid names: softmax",
+    ):
         policy_from_gaudi_config({"autocast_bf16_ops": ["mm"], "autocast_fp32_ops": ["exp", "softmaxx"]})
 
 
@@ -171,15 +194,19 @@ def test_an_op_on_both_lists_names_both_keys(tmp_path):
         policy_from_gaudi_config(path)
     assert str(err.value).startswith(
         f"aten.mm.default is on both the lower-precision list, as 'mm' ({path}, key autocast_bf16_ops[1]), "
-        f"and the FP32 list, as 'mm' ({path}, key autocast_fp32_ops[1]); remove it from one")
+        f"and the FP32 list, as 'mm' ({path}, key autocast_fp32_ops[1]); remove it from one"
+    )
 
 
-@pytest.mark.parametrize("value, message", [
-    ("mm", "autocast_bf16_ops must be a list of op names (or null), got 'mm' (str)"),
-    ({"mm": 1}, "autocast_bf16_ops must be a list of op names (or null), got {'mm': 1} (dict)"),
-    (["mm", 3], "autocast_bf16_ops[1] is 3 (int), not an op name"),
-    (["mm", None], "autocast_bf16_ops[1] is None (NoneType), not an op name"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("mm", "autocast_bf16_ops must be a list of op names (or null), got 'mm' (str)"),
+        ({"mm": 1}, "autocast_bf16_ops must be a list of op names (or null), got {'mm': 1} (dict)"),
+        (["mm", 3], "autocast_bf16_ops[1] is 3 (int), not an op name"),
+        (["mm", None], "autocast_bf16_ops[1] is None (NoneType), not an op name"),
+    ],
+)
 def test_a_list_of_the_wrong_type_is_named(tmp_path, value, message):
     config = {"autocast_bf16_ops": value, "autocast_fp32_ops": []}
     path = _config(tmp_path, config)
@@ -195,8 +222,11 @@ def test_malformed_json_is_named_with_its_line_and_column(tmp_path):
     path = tmp_path / "gaudi_config.json"
     path.write_text('{\n  "autocast_bf16_ops": ["mm",]\n}\n')
     # (json's own words for it differ between Python versions)
-    with pytest.raises(PolicyError, match=rf"^Gaudi configuration {re.escape(repr(str(path)))} is not valid JSON: "
-                                          r".+ \(line 2, column 30\)$"):
+    with pytest.raises(
+        PolicyError,
+        match=rf"^Gaudi configuration {re.escape(repr(str(path)))} is not valid JSON: "
+        r".+ \(line 2, column 30\)$",
+    ):
         policy_from_gaudi_config(path)
 
 
@@ -225,12 +255,16 @@ def test_a_file_that_is_not_text(tmp_path):
 
 @pytest.mark.parametrize("config", [3, None, ["gaudi_config.json"], b"gaudi_config.json"])
 def test_an_argument_that_is_neither_a_path_nor_a_dict(config):
-    with pytest.raises(TypeError, match=r"^policy_from_gaudi_config takes the path of a gaudi_config.json \(or of "
-                                        rf"the directory holding one\) or its contents as a dict, got {type(config).__name__}$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^policy_from_gaudi_config takes the path of a gaudi_config.json \(or of "
+        rf"the directory holding one\) or its contents as a dict, got {type(config).__name__}$",
+    ):
         policy_from_gaudi_config(config)
 
 
 # --- older configurations, misspelt keys, use_torch_autocast (issue 31, item 6) ------------------
+
 
 def _hmp_files(tmp_path, bf16, fp32) -> tuple:
     """An older GaudiTrainer's route: write_bf16_fp32_ops_to_text_files, then hmp.convert's files."""
@@ -241,8 +275,11 @@ def _hmp_files(tmp_path, bf16, fp32) -> tuple:
     return str(lower), str(f32)
 
 
-@pytest.mark.parametrize("lists", [{"hmp_bf16_ops": ["mm", "bmm"], "hmp_fp32_ops": ["softmax"]}, {}],
-                         ids=["given", "optimum-habana's defaults"])
+@pytest.mark.parametrize(
+    "lists",
+    [{"hmp_bf16_ops": ["mm", "bmm"], "hmp_fp32_ops": ["softmax"]}, {}],
+    ids=["given", "optimum-habana's defaults"],
+)
 def test_an_older_hmp_config_is_the_policy_hmp_convert_ran(tmp_path, lists):
     # Failed before: the plain hpu preset. GaudiConfig's hmp_bf16_ops/hmp_fp32_ops default to
     # DEFAULT_BF16_OPS/DEFAULT_FP32_OPS, written to files hmp.convert(opt_level="O1") reads.
@@ -266,20 +303,30 @@ def test_hmp_and_autocast_both_on_is_refused_as_gaudi_config_refuses_it():
         policy_from_gaudi_config({"use_habana_mixed_precision": True, "use_torch_autocast": True})
 
 
-@pytest.mark.parametrize("key, near", [("autocast_bf16_op", "autocast_bf16_ops"), ("use_torch_autocat", "use_torch_autocast"),
-                                       ("hmp_fp32", "hmp_fp32_ops")])
+@pytest.mark.parametrize(
+    "key, near",
+    [
+        ("autocast_bf16_op", "autocast_bf16_ops"),
+        ("use_torch_autocat", "use_torch_autocast"),
+        ("hmp_fp32", "hmp_fp32_ops"),
+    ],
+)
 def test_a_misspelt_key_is_named_with_the_nearest_known_one(key, near):
     # Failed before: ignored silently (optimum-habana keeps it unread too), so the misspelt list
     # left Gaudi's defaults in force. A warning: optimum-habana does not refuse it either.
-    with pytest.warns(UserWarning, match=rf"unknown key '{key}', ignored .*did you mean '{near}'\? the keys read are "
-                                         r"autocast_bf16_ops, autocast_fp32_ops, hmp_bf16_ops"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"unknown key '{key}', ignored .*did you mean '{near}'\? the keys read are "
+        r"autocast_bf16_ops, autocast_fp32_ops, hmp_bf16_ops",
+    ):
         policy_from_gaudi_config({key: ["mm"], "optimum_version": "1.0", "transformers_version": "4.0"})
 
 
 def test_use_torch_autocast_false_is_a_policy_that_casts_nothing():
     # Failed before: the hpu preset, which lowers mm. optimum-habana runs no autocast then.
-    policy = policy_from_gaudi_config({"use_torch_autocast": False, "autocast_bf16_ops": ["mm"],
-                                       "autocast_fp32_ops": []})
+    policy = policy_from_gaudi_config(
+        {"use_torch_autocast": False, "autocast_bf16_ops": ["mm"], "autocast_fp32_ops": []}
+    )
     assert dict(policy.table) == {}
     a = torch.randn(3, 3)
     with HpuAutocastMode(torch.bfloat16, policy=policy, device_type="cpu"):

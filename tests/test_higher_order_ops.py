@@ -15,9 +15,11 @@ from torch._C import DispatchKey
 
 from hpu_autocast import HpuAutocastMode
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Dynamo's, compiling the operators
-              # torch 2.13's higher-order operators import torch.jit code that warns at import
-              pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),  # Dynamo's, compiling the operators
+    # torch 2.13's higher-order operators import torch.jit code that warns at import
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
 
 
 def _regions(observing: bool = True):
@@ -25,8 +27,10 @@ def _regions(observing: bool = True):
     compiled code eagerly (``torch.compiler.set_stance("force_eager")``), where torch's ``cond`` of
     branches returning one tensor fails in backward and its ``map`` returns a tuple, with no region
     at all: those cases leave it out."""
-    regions = {"native": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-               "ours": lambda: HpuAutocastMode(torch.bfloat16, policy="torch-cpu")}
+    regions = {
+        "native": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        "ours": lambda: HpuAutocastMode(torch.bfloat16, policy="torch-cpu"),
+    }
     if observing:
         regions["recorded"] = lambda: HpuAutocastMode(torch.bfloat16, policy="torch-cpu", record=True)
     return regions
@@ -84,9 +88,9 @@ def test_cond_casts_its_branches_as_native_autocast_forward_and_backward(cond, c
     # the forward's keys): they run in a region with the forward's state, so the gradients are
     # native's bit for bit, not those of a float32 recomputation.
     torch.manual_seed(0)
-    native = _forward_and_backward_as_native(cond, (torch.randn(4, 4), torch.randn(4, 4)), compiled,
-                                             observing=cond is _cond,
-                                             errors=RuntimeError)  # torch 2.4: "Autograd not implemented for cond"
+    native = _forward_and_backward_as_native(
+        cond, (torch.randn(4, 4), torch.randn(4, 4)), compiled, observing=cond is _cond, errors=RuntimeError
+    )  # torch 2.4: "Autograd not implemented for cond"
     if native is not None:
         assert native.dtype == torch.bfloat16
 
@@ -96,6 +100,7 @@ def _cond_opted_out(a, b):
         with torch.autocast("cpu", enabled=False):
             x = torch.mm(a, b).relu()  # float32, and so its backward in eager code
         return (torch.mm(x, b),)
+
     return torch.cond(a.sum() > 0, opted_out, lambda a, b: (torch.mm(b, a),), (a, b))[0]
 
 
@@ -105,9 +110,19 @@ def _cond_opted_out(a, b):
 _OLD_COMPILED_COND = torch.__version__ < (2, 9)  # torch's TorchVersion compares with a tuple
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.xfail(
-    _OLD_COMPILED_COND, reason="torch < 2.9: aot_eager refuses the region's branch graph", strict=False))],
-    ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "compiled",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                _OLD_COMPILED_COND, reason="torch < 2.9: aot_eager refuses the region's branch graph", strict=False
+            ),
+        ),
+    ],
+    ids=["eager", "compiled"],
+)
 def test_cond_with_an_opt_out_in_a_branch_differentiated_after_the_region_is_native(compiled):
     # Native traces the branch's backward again with its autocast key on, the backward formulas
     # included: the opted-out mm's backward mm computes in bf16. Failed before (issue 31, item
@@ -117,8 +132,9 @@ def test_cond_with_an_opt_out_in_a_branch_differentiated_after_the_region_is_nat
     a, b = torch.randn(4, 4).abs(), torch.randn(4, 4)  # a.sum() > 0: the opted-out branch
     # A recording region runs compiled code eagerly (_regions' docstring), and native's compiled
     # gradient differs from its eager one here (b.grad): the recording region is compared eagerly.
-    native = _forward_and_backward_as_native(_cond_opted_out, (a, b), compiled, observing=not compiled,
-                                             errors=RuntimeError)
+    native = _forward_and_backward_as_native(
+        _cond_opted_out, (a, b), compiled, observing=not compiled, errors=RuntimeError
+    )
     assert native is None or native.dtype == torch.bfloat16
 
 
@@ -129,10 +145,13 @@ def test_while_loop_casts_its_body_as_native_autocast():
     results = {}
     for name, region in _regions().items():
         with region():
-            results[name] = while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, torch.mm(x, x).float() / 4),
-                                       (torch.tensor(0), a))[1]
-    assert not torch.equal(results["native"], while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, torch.mm(x, x) / 4),
-                                                         (torch.tensor(0), a))[1])  # it did cast
+            results[name] = while_loop(
+                lambda i, x: i < 3, lambda i, x: (i + 1, torch.mm(x, x).float() / 4), (torch.tensor(0), a)
+            )[1]
+    assert not torch.equal(
+        results["native"],
+        while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, torch.mm(x, x) / 4), (torch.tensor(0), a))[1],
+    )  # it did cast
     _same(results["ours"], results["native"])
     _same(results["recorded"], results["native"])
 
@@ -160,9 +179,13 @@ def test_map_and_scan_cast_their_bodies_as_native_autocast_forward_and_backward(
     torch.manual_seed(0)
     # A recording region runs compiled code eagerly: compiled, it would meet torch's eager scan
     # where native meets the compiled one (torch 2.6's eager scan has no autograd).
-    _forward_and_backward_as_native(fn, (torch.randn(3, 4, 4), torch.randn(4, 4)), compiled,
-                                    observing=fn is _scan and not compiled,
-                                    errors=Exception)  # an older torch without the operator's autograd, or without it
+    _forward_and_backward_as_native(
+        fn,
+        (torch.randn(3, 4, 4), torch.randn(4, 4)),
+        compiled,
+        observing=fn is _scan and not compiled,
+        errors=Exception,
+    )  # an older torch without the operator's autograd, or without it
 
 
 def _flex_attention():
@@ -249,8 +272,13 @@ def test_compiled_cond_is_traced_again_for_each_policy_and_outside():
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
-    for policy, dtype in (("torch-cpu", torch.bfloat16), ("hpu", torch.float32), ("torch-cpu", torch.bfloat16),
-                          (None, torch.bfloat16), ("hpu", torch.float32)):
+    for policy, dtype in (
+        ("torch-cpu", torch.bfloat16),
+        ("hpu", torch.float32),
+        ("torch-cpu", torch.bfloat16),
+        (None, torch.bfloat16),
+        ("hpu", torch.float32),
+    ):
         if policy is None:
             out = compiled(x)
         else:

@@ -45,12 +45,12 @@ DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, i
 
 # --- the recorder (tests/_trace.py's, on fake HPU tensors) ----------------------------------
 
+
 def _calls(fn: Callable, args, kwargs, context) -> List[str]:
     """The calls ``fn`` makes below autocast on fake HPU copies of its tensors inside
     ``context``, then its outcome: the results' dtypes and shapes, or the error's type."""
     log: List[str] = []
-    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: Recorded(_fake_habana.fake_hpu(t), log),
-                                        (args, kwargs))
+    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: Recorded(_fake_habana.fake_hpu(t), log), (args, kwargs))
     try:
         with context:
             out = fn(*args, **kwargs)
@@ -98,6 +98,7 @@ def bridge(monkeypatch, request):
 
 # --- the ops of the lists, with tests/_samples.py's calls -------------------------------------
 
+
 def _retyped(tree, first: torch.dtype, rest: torch.dtype):
     """The floating tensors of ``tree`` in ``first`` (the first one) and ``rest`` (the others)."""
     count = [0]
@@ -127,7 +128,7 @@ _INPUTS = ("f32", "lowp", "mixed")
 
 def _case(name: str, inputs: str, dtype: torch.dtype):
     if name.endswith("(dtype=)"):
-        fn, args, kwargs = _explicit_dtype(name[:-len("(dtype=)")])
+        fn, args, kwargs = _explicit_dtype(name[: -len("(dtype=)")])
     else:
         fn, args, kwargs = build(name)
     first = torch.float32 if inputs == "f32" else dtype
@@ -152,6 +153,7 @@ def test_op_calls_below_autocast_are_the_bridges(bridge, name, inputs, dtype):
 
 
 # --- small models ------------------------------------------------------------------------------
+
 
 class MLPLoss(nn.Module):
     def __init__(self) -> None:
@@ -199,6 +201,7 @@ def test_model_calls_below_autocast_are_the_bridges(bridge, model_name, dtype):
 
 # --- the stand-in's kernels are the bridge's, and the fake tensors are HPU tensors ------------
 
+
 def test_stand_in_kernels_are_registered_as_the_bridge_registers_them(bridge):
     if bridge is None:
         pytest.skip("Gaudi's own bridge is loaded")
@@ -211,8 +214,9 @@ def test_stand_in_kernels_are_registered_as_the_bridge_registers_them(bridge):
     assert table[aten.cat.default] == _fake_habana.PROMOTE
     assert aten.add_.Tensor not in table and aten.mm.out not in table
     registered = set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastHPU"))
-    assert {op._schema.name + ("" if op._overloadname == "default" else "." + op._overloadname)
-            for op in table} <= registered
+    assert {
+        op._schema.name + ("" if op._overloadname == "default" else "." + op._overloadname) for op in table
+    } <= registered
 
 
 def test_fake_hpu_tensors_reach_the_bridges_kernel_and_a_region(bridge):
@@ -229,6 +233,7 @@ def test_fake_hpu_tensors_reach_the_bridges_kernel_and_a_region(bridge):
 
 
 # --- torch.compile(backend="hpu_backend") -------------------------------------------------------
+
 
 @pytest.fixture
 def stand_in(monkeypatch):

@@ -36,8 +36,7 @@ def no_gaudi():
 
 def mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.LayerNorm(16),
-                               torch.nn.Linear(16, 4))
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
 
 
 def data():
@@ -70,6 +69,7 @@ def train(steps=3, **mode_kwargs):
 
 
 # -- detection, cache, dtype --------------------------------------------------------------
+
 
 def test_detected_with_the_bridge(gaudi):
     assert hpu.backend_loaded() and hpu.hpu_importable()
@@ -183,6 +183,7 @@ def test_float16_under_a_gaudi_preset_off_gaudi_casts_as_the_lists_say(no_gaudi,
 
 # -- lazy mode: mark_step, no host synchronisation -------------------------------------------
 
+
 def test_training_loop_with_mark_step_matches_the_loop_without_the_bridge(monkeypatch):
     baseline = train()
     bridge = _fake_habana.install(monkeypatch)
@@ -195,8 +196,14 @@ def test_training_loop_with_mark_step_matches_the_loop_without_the_bridge(monkey
     assert losses[-1] < losses[0]
 
 
-_SYNC_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.nonzero.default,
-             aten.nonzero_static.default, aten.equal.default, aten.item.default}
+_SYNC_OPS = {
+    aten._local_scalar_dense.default,
+    aten.is_nonzero.default,
+    aten.nonzero.default,
+    aten.nonzero_static.default,
+    aten.equal.default,
+    aten.item.default,
+}
 _SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__")
 
 
@@ -216,8 +223,11 @@ class SyncGuard(TorchDispatchMode):
         self.ops.add(func)
         if func in _SYNC_OPS:
             self.seen.append(str(func))
-        elif func is aten._to_copy.default and args[0].device.type != "cpu" \
-                and torch.device(kwargs.get("device", args[0].device)).type == "cpu":
+        elif (
+            func is aten._to_copy.default
+            and args[0].device.type != "cpu"
+            and torch.device(kwargs.get("device", args[0].device)).type == "cpu"
+        ):
             self.seen.append("to cpu")  # a device-to-host copy (never, with CPU tensors)
         return func(*args, **kwargs)
 
@@ -229,6 +239,7 @@ class SyncGuard(TorchDispatchMode):
             def method(t, *a, **k):
                 self.seen.append(f"Tensor.{name}")
                 return orig(t, *a, **k)
+
             return method
 
         try:
@@ -264,9 +275,15 @@ def test_the_guard_sees_host_synchronisation():
     guard = SyncGuard()
     with guard.methods(), HpuAutocastMode(**ON_CPU), guard:
         x[0].item(), bool(x[0]), x.nonzero(), x.tolist(), x.cpu(), torch.equal(x, x)
-    assert {"Tensor.item", "Tensor.__bool__", "Tensor.tolist", "Tensor.cpu",
-            "aten._local_scalar_dense.default", "aten.nonzero.default",
-            "aten.equal.default"} <= set(guard.seen)
+    assert {
+        "Tensor.item",
+        "Tensor.__bool__",
+        "Tensor.tolist",
+        "Tensor.cpu",
+        "aten._local_scalar_dense.default",
+        "aten.nonzero.default",
+        "aten.equal.default",
+    } <= set(guard.seen)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"record": True, "verbose": True}], ids=["plain", "record"])
@@ -385,8 +402,13 @@ def test_one_capture_per_region_state_and_input_shape(gaudi):
     # share their graphs. Keyword arguments pass through to the bridge.
     assert gaudi.calls[0] == ("wrap", "Sequential", dict(asynchronous=False, disable_tensor_cache=True))
     assert gaudi.names().count("capture") == 8 and gaudi.names().count("replay") == 12
-    assert [run(wrapped, r, x).dtype for r in REGIONS] == [torch.bfloat16, torch.float32, torch.bfloat16,
-                                                           torch.float16, torch.float32]
+    assert [run(wrapped, r, x).dtype for r in REGIONS] == [
+        torch.bfloat16,
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+    ]
 
 
 def test_graphs_past_max_graphs_run_uncaptured_with_their_casts(gaudi):
@@ -427,6 +449,7 @@ def test_without_the_region_keyword_the_module_is_unchanged(gaudi):
 
 # -- without the bridge ----------------------------------------------------------------------
 
+
 def test_without_the_bridge_everything_degrades(no_gaudi):
     assert not hpu.backend_loaded() and not hpu.lazy_mode()
     assert hpu.default_device() == NOT_HPU
@@ -448,7 +471,7 @@ def test_installed_but_not_loaded_is_not_imported_by_the_mode(tmp_path, monkeypa
     (tmp_path / "habana_frameworks" / "__init__.py").write_text(_RAISING)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert hpu.hpu_importable() and not hpu.backend_loaded()
-    with HpuAutocastMode() as mode:                 # not loaded: not on HPU, on the machine's device
+    with HpuAutocastMode() as mode:  # not loaded: not on HPU, on the machine's device
         cpu_mm = torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype
     assert mode.device_type == machine_device and mode.cache_enabled is True
     assert cpu_mm == (torch.bfloat16 if machine_device == "cpu" else torch.float32)
@@ -472,6 +495,10 @@ def test_importing_the_library_does_not_import_the_bridge(tmp_path):
         assert not [m for m in sys.modules if m.startswith("habana_frameworks")]
     """)
     env_path = [str(tmp_path)] + sys.path
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in env_path if p)})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in env_path if p)},
+    )
     assert r.returncode == 0, r.stderr

@@ -75,8 +75,11 @@ def test_an_op_on_both_files_is_lower_precision(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_FP32, _file(tmp_path, "fp32.txt", "exp\nlog\n"))
     x = torch.randn(3)
     # Issue 37: it was lower with no word; the warning names both files and lines, at the user's line.
-    with pytest.warns(UserWarning, match=r"fp32.txt, line 1: 'exp' is also on the lower file \(.*lower.txt, line 1, "
-                                         r"as 'exp'\): it runs in lower precision") as caught:
+    with pytest.warns(
+        UserWarning,
+        match=r"fp32.txt, line 1: 'exp' is also on the lower file \(.*lower.txt, line 1, "
+        r"as 'exp'\): it runs in lower precision",
+    ) as caught:
         mode = HpuAutocastMode(device_type="cpu")
     assert {w.filename for w in caught} == {__file__}
     with mode:
@@ -91,8 +94,7 @@ def test_an_unknown_name_is_dropped_with_a_warning_naming_file_and_line(tmp_path
     with pytest.warns(UserWarning) as record:
         mode = HpuAutocastMode(device_type="cpu")
     record = _replaced(record)
-    assert [str(w.message).split(": not")[0] for w in record] == [
-        f"{path}, line 2: 'mmm' is dropped, as on Gaudi"]
+    assert [str(w.message).split(": not")[0] for w in record] == [f"{path}, line 2: 'mmm' is dropped, as on Gaudi"]
     assert "Discarded unregistered op at line" in str(record[0].message)
     assert set(mode.policy.ops(CastPolicy.LOWER)) >= {aten.mm.default}
     with warnings.catch_warnings():
@@ -128,12 +130,15 @@ def test_a_name_gaudi_never_registers_has_no_effect_and_warns(tmp_path, monkeypa
         assert aten.gelu_backward.default not in with_lists(get_preset("hpu"), fp32=["gelu_backward"]).table
 
 
-@pytest.mark.parametrize("text, why", [
-    ("mm\r\nbmm\r\n", "carriage return"),
-    ("mm  # GEMM\nbmm\n", "comments"),
-    (" mm\nbmm\n", "spaces"),
-    ("aten::mm\nbmm\n", "ATen function names only: write mm"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("mm\r\nbmm\r\n", "carriage return"),
+        ("mm  # GEMM\nbmm\n", "comments"),
+        (" mm\nbmm\n", "spaces"),
+        ("aten::mm\nbmm\n", "ATen function names only: write mm"),
+    ],
+)
 def test_a_line_gaudi_would_not_match_is_dropped_with_a_warning(tmp_path, monkeypatch, text, why):
     # The bridge compares whole lines (getline): a CRLF line, a comment or spaces after a name,
     # an aten:: spelling match no op there.
@@ -147,7 +152,7 @@ def test_a_line_gaudi_would_not_match_is_dropped_with_a_warning(tmp_path, monkey
     record = _replaced(record)
     heads = [str(w.message).split(" (")[0] for w in record]
     first = f"{path}, line 1: '{'aten::mm' if 'aten' in text else 'mm'}' is dropped"
-    assert [h[:len(first)] for h in heads[:1]] == [first] and why in str(record[0].message)
+    assert [h[: len(first)] for h in heads[:1]] == [first] and why in str(record[0].message)
     assert [str(w.message).startswith(f"{path}, line 2: 'bmm' is dropped") for w in record[1:]] == [True] * crlf
     lower = set(mode.policy.ops(CastPolicy.LOWER))
     assert (aten.bmm.default in lower) != crlf and aten.mm.default not in lower
@@ -172,6 +177,6 @@ def test_check_with_gaudi_reports_every_finding_and_fails(tmp_path, capsys):
     assert main(["check", "--gaudi", good]) == 0
     assert main(["check", "--gaudi", bad, str(tmp_path / "nope.txt")]) == 1
     out = capsys.readouterr().out
-    assert [str(f) for f in check_findings(bad)] == [line[len("error: "):] for line in out.splitlines()[1:4]]
+    assert [str(f) for f in check_findings(bad)] == [line[len("error: ") :] for line in out.splitlines()[1:4]]
     assert f"{bad}, line 2: 'mmm' is dropped" in out and f"{bad}, line 3: 'gelu_backward' has no effect" in out
     assert f"{bad}, line 4: 'log' is dropped" in out and "nope.txt: does not exist" in out

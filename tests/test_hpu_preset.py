@@ -62,8 +62,8 @@ def _equal(a, b) -> bool:
     fa, sa = tree_flatten(a)
     fb, sb = tree_flatten(b)
     return sa == sb and all(
-        (x.dtype == y.dtype and torch.equal(x, y)) if isinstance(x, torch.Tensor) else x == y
-        for x, y in zip(fa, fb))
+        (x.dtype == y.dtype and torch.equal(x, y)) if isinstance(x, torch.Tensor) else x == y for x, y in zip(fa, fb)
+    )
 
 
 def _call(fn, args, kwargs):
@@ -173,8 +173,17 @@ def _norm_by_keyword(name, x):
         return torch.layer_norm(input=x, normalized_shape=(4,), weight=w, bias=b)
     if name == "group_norm":
         return torch.group_norm(input=x.view(2, 4, 1), num_groups=2, weight=w, bias=b)
-    return torch.batch_norm(input=x, weight=w, bias=b, running_mean=torch.zeros(4), running_var=torch.ones(4),
-                            training=True, momentum=0.1, eps=1e-5, cudnn_enabled=False)
+    return torch.batch_norm(
+        input=x,
+        weight=w,
+        bias=b,
+        running_mean=torch.zeros(4),
+        running_var=torch.ones(4),
+        training=True,
+        momentum=0.1,
+        eps=1e-5,
+        cudnn_enabled=False,
+    )
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "group_norm", "batch_norm"])
@@ -317,6 +326,7 @@ def test_float16_is_accepted_off_gaudi():
 # function, or as a torch.Tensor method". Each case: (seed name, ours, hand-cast control); the
 # expected dtype comes from the seed's lists through expected_list.
 
+
 def _g(seed=0):
     return torch.Generator().manual_seed(seed)
 
@@ -341,6 +351,7 @@ IDX = torch.tensor([[0, 2], [4, 1]])
 
 # Module cases: called with ours=True under the mode, ours=False for the hand-cast control,
 # each on a freshly built module from the same seed.
+
 
 def _linear(ours):
     m = _module(nn.Linear, 4, 3)
@@ -417,8 +428,8 @@ SPELLINGS = {
     # FP32
     "xb / yb": ("truediv", lambda: XB / PB, lambda: XB.float() / PB.float()),
     "xb.div(yb)": ("div", lambda: XB.div(PB), lambda: XB.float().div(PB.float())),
-    "pb ** yb": ("pow", lambda: PB ** YB, lambda: PB.float() ** YB.float()),
-    "2 ** xb": ("pow", lambda: 2 ** XB, lambda: 2 ** XB.float()),
+    "pb ** yb": ("pow", lambda: PB**YB, lambda: PB.float() ** YB.float()),
+    "2 ** xb": ("pow", lambda: 2**XB, lambda: 2 ** XB.float()),
     "xb.exp()": ("exp", lambda: XB.exp(), lambda: XB.float().exp()),
     "pb.log()": ("log", lambda: PB.log(), lambda: PB.float().log()),
     "pb.rsqrt()": ("rsqrt", lambda: PB.rsqrt(), lambda: PB.float().rsqrt()),
@@ -426,23 +437,35 @@ SPELLINGS = {
     "nn.Softplus": ("softplus", lambda: nn.Softplus()(XB), lambda: F.softplus(XB.float())),
     "nn.MSELoss": ("mse_loss", lambda: nn.MSELoss()(XB, YB), lambda: F.mse_loss(XB.float(), YB.float())),
     "nn.CrossEntropyLoss": ("cross_entropy_loss", *_both(_cross_entropy)),
-    "nn.CosineSimilarity": ("cosine_similarity", lambda: nn.CosineSimilarity()(XB, YB),
-                            lambda: F.cosine_similarity(XB.float(), YB.float())),
+    "nn.CosineSimilarity": (
+        "cosine_similarity",
+        lambda: nn.CosineSimilarity()(XB, YB),
+        lambda: F.cosine_similarity(XB.float(), YB.float()),
+    ),
     "nn.Embedding": ("embedding", *_both(_embedding)),
     "nn.Bilinear": ("bilinear", *_both(_bilinear)),
     # other namespaces and aliases (seed 002/003: "regardless of the namespace")
     "torch.linalg.matmul": ("matmul", lambda: torch.linalg.matmul(X, W), lambda: torch.matmul(X.to(BF), W.to(BF))),
     "torch.multiply": ("mul", lambda: torch.multiply(X, Y), lambda: torch.mul(X.to(BF), Y.to(BF))),
-    "torch.arccos": ("acos", lambda: torch.arccos(XB.clamp(-0.9, 0.9)),
-                     lambda: torch.acos(XB.clamp(-0.9, 0.9).float())),
+    "torch.arccos": (
+        "acos",
+        lambda: torch.arccos(XB.clamp(-0.9, 0.9)),
+        lambda: torch.acos(XB.clamp(-0.9, 0.9).float()),
+    ),
     "torch.arctan2": ("atan2", lambda: torch.arctan2(XB, YB), lambda: torch.atan2(XB.float(), YB.float())),
     "torch.special.expm1": ("expm1", lambda: torch.special.expm1(XB), lambda: torch.expm1(XB.float())),
-    "torch.special.logsumexp": ("logsumexp", lambda: torch.special.logsumexp(XB, -1),
-                                lambda: torch.logsumexp(XB.float(), -1)),
+    "torch.special.logsumexp": (
+        "logsumexp",
+        lambda: torch.special.logsumexp(XB, -1),
+        lambda: torch.logsumexp(XB.float(), -1),
+    ),
     "torch.subtract": ("sub", lambda: torch.subtract(XB, Y), lambda: torch.sub(XB.float(), Y)),
     "torch.concat": ("cat", lambda: torch.concat([XB, Y]), lambda: torch.cat([XB.float(), Y])),
-    "conv1d(padding='same')": ("conv1d", lambda: F.conv1d(IMG[:, :, 0], _t(3, 2, 3, seed=13), padding="same"),
-                               lambda: F.conv1d(IMG[:, :, 0].to(BF), _t(3, 2, 3, seed=13).to(BF), padding="same")),
+    "conv1d(padding='same')": (
+        "conv1d",
+        lambda: F.conv1d(IMG[:, :, 0], _t(3, 2, 3, seed=13), padding="same"),
+        lambda: F.conv1d(IMG[:, :, 0].to(BF), _t(3, 2, 3, seed=13).to(BF), padding="same"),
+    ),
     # promote: bfloat16 beside float32 runs in float32
     "xb + y": ("add", lambda: XB + Y, lambda: XB.float() + Y),
     "xb - y": ("sub", lambda: XB - Y, lambda: XB.float() - Y),
@@ -511,6 +534,7 @@ def test_inplace_wrapper_writes_into_its_input(name):
 # and float64 or non-floating inputs run as they would with no mode. Each case: (thunk, the
 # dtype it returns). Mixed inputs make a wrongful cast visible in the values.
 
+
 def _ineligible_cases():
     x, y, w = _t(2, 4), _t(2, 4, seed=1), _t(4, 3, seed=2)
     xb, pb = x.to(BF), _t(2, 4, seed=3, positive=True).to(BF)
@@ -578,9 +602,15 @@ def test_ineligible_call_is_untouched(case):
     assert _equal(ours, plain)
 
 
-@pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1, dtype=torch.float32),
-                                lambda x: F.log_softmax(x, -1, dtype=torch.float32),
-                                lambda x: x.mean(dtype=torch.float32)], ids=["softmax", "log_softmax", "mean"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.softmax(x, -1, dtype=torch.float32),
+        lambda x: F.log_softmax(x, -1, dtype=torch.float32),
+        lambda x: x.mean(dtype=torch.float32),
+    ],
+    ids=["softmax", "log_softmax", "mean"],
+)
 def test_explicit_dtype_is_cast_as_on_gaudi(fn):
     # Gaudi's Hpu_WrapFunction_ casts every eligible tensor of a listed op whatever its dtype=
     # (issue 29): the float32 input is read rounded to bfloat16; the hand-cast control, bit for bit.

@@ -28,7 +28,11 @@ pytest.importorskip("pytorch_lightning")
 import hpu_autocast  # noqa: E402
 from hpu_autocast import PolicyError, Recorder, get_preset  # noqa: E402
 from hpu_autocast.integrations.lightning import (  # noqa: E402
-    LIGHTNING, HpuAutocastFabricPrecision, HpuAutocastPrecision, MixedPrecision)
+    LIGHTNING,
+    HpuAutocastFabricPrecision,
+    HpuAutocastPrecision,
+    MixedPrecision,
+)
 
 # The Trainer and Fabric of the package the plugins subclass: `lightning` where it is installed beside
 # pytorch-lightning (a GPU machine's image has both), as a user's Trainer must be.
@@ -109,8 +113,16 @@ def _loader(n: int = 32, seed: int = 1) -> torch.utils.data.DataLoader:
 
 
 def _trainer(**kwargs) -> "pl.Trainer":
-    settings = dict(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, limit_val_batches=2)
+    settings = dict(
+        accelerator="cpu",
+        devices=1,
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=2,
+    )
     return pl.Trainer(**{**settings, **kwargs})
 
 
@@ -134,6 +146,7 @@ def _same_weights(a: Classifier, b: Classifier) -> bool:
 
 
 # --- bfloat16: parity with precision="bf16-mixed" --------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def bf16_runs():
@@ -173,17 +186,20 @@ def test_backward_and_the_optimizer_step_run_outside_the_region(bf16_runs):
 def test_manual_optimization_matches_and_needs_the_cache_off():
     # Lightning's MixedPrecision turns autocast's cast cache off, and so does the plugin: here a
     # step updates the weights and runs forward again in one step context.
-    ours, _, _ = _run(manual=True, evaluate=False,
-                      plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu")])
+    ours, _, _ = _run(manual=True, evaluate=False, plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu")])
     native, _, _ = _run(manual=True, evaluate=False, precision="bf16-mixed")
     assert _same_weights(ours, native)
     # The control: with the cache on, the second forward reuses casts of the weights as they were.
-    cached, _, _ = _run(manual=True, evaluate=False,
-                        plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu", cache_enabled=True)])
+    cached, _, _ = _run(
+        manual=True,
+        evaluate=False,
+        plugins=[HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu", cache_enabled=True)],
+    )
     assert not _same_weights(cached, native)
 
 
 # --- the hpu preset ------------------------------------------------------------------------------
+
 
 def test_training_under_the_hpu_preset():
     recorder = Recorder("hpu", torch.bfloat16)
@@ -221,6 +237,7 @@ def test_hpu_preset_reads_gaudis_list_variables_per_step(tmp_path, monkeypatch):
 
 # --- float16: Lightning's loss scaling -----------------------------------------------------------
 
+
 def _fp16_run(plugin):
     scales = Scales()
     model, predictions, trainer = _run(plugins=[plugin], callbacks=[scales], max_steps=8)
@@ -230,14 +247,15 @@ def _fp16_run(plugin):
 def _scaler():
     # A scale near where this model's float16 gradients overflow (such a step is skipped and the
     # scale halves) and growth after every 2 good steps: the history moves both ways in 8 steps.
-    return torch.amp.GradScaler("cpu", init_scale=2.0 ** 18, growth_interval=2)
+    return torch.amp.GradScaler("cpu", init_scale=2.0**18, growth_interval=2)
 
 
 def test_float16_fit_matches_lightning_16_mixed():
     # Trainer(precision="16-mixed") on CPU falls back to bf16-mixed (Lightning warns), so the
     # oracle is Lightning's MixedPrecision("16-mixed", "cpu") given as a plugin, with the same scaler.
-    ours, ours_pred, trainer, ours_scales = _fp16_run(HpuAutocastPrecision(torch.float16, policy="torch-cpu",
-                                                                           scaler=_scaler()))
+    ours, ours_pred, trainer, ours_scales = _fp16_run(
+        HpuAutocastPrecision(torch.float16, policy="torch-cpu", scaler=_scaler())
+    )
     native, native_pred, _, native_scales = _fp16_run(MixedPrecision("16-mixed", "cpu", scaler=_scaler()))
     assert trainer.precision == "16-mixed"
     assert ours_scales == native_scales
@@ -251,17 +269,26 @@ def test_float16_fit_matches_lightning_16_mixed():
 def test_float16_gets_a_scaler_and_its_state_in_checkpoints():
     plugin = HpuAutocastPrecision(torch.float16, policy="torch-cpu")
     assert isinstance(plugin.scaler, torch.amp.GradScaler) and plugin.scaler.is_enabled()
-    assert plugin.state_dict().keys() == {"scale", "growth_factor", "backoff_factor", "growth_interval",
-                                          "_growth_tracker"}
+    assert plugin.state_dict().keys() == {
+        "scale",
+        "growth_factor",
+        "backoff_factor",
+        "growth_interval",
+        "_growth_tracker",
+    }
     assert HpuAutocastPrecision(torch.bfloat16, policy="torch-cpu").scaler is None
 
 
 # --- bad settings fail when the plugin is made ------------------------------------------------------
 
+
 def test_bad_settings_are_refused_at_once():
-    with pytest.raises(ValueError, match=r"dtype must be torch.bfloat16 or torch.float16, or Lightning's precision "
-                                         r"\"bf16-mixed\" or \"16-mixed\" \(older spellings: \"bf16\", \"16\", 16\), "
-                                         r"got torch.float32"):
+    with pytest.raises(
+        ValueError,
+        match=r"dtype must be torch.bfloat16 or torch.float16, or Lightning's precision "
+        r"\"bf16-mixed\" or \"16-mixed\" \(older spellings: \"bf16\", \"16\", 16\), "
+        r"got torch.float32",
+    ):
         HpuAutocastPrecision(torch.float32)
     for bad in ("32-true", "bf16-true", 32, True):
         with pytest.raises(ValueError, match=f"got {bad!r}"):
@@ -293,11 +320,14 @@ def test_on_gaudi_the_region_is_for_hpu_tensors_and_bfloat16_only(monkeypatch):
 
 
 def test_the_plugin_names_its_settings():
-    assert repr(HpuAutocastPrecision(policy="torch-cpu")) == \
-        "HpuAutocastPrecision(dtype=torch.bfloat16, policy='torch-cpu')"
+    assert (
+        repr(HpuAutocastPrecision(policy="torch-cpu"))
+        == "HpuAutocastPrecision(dtype=torch.bfloat16, policy='torch-cpu')"
+    )
 
 
 # --- the example -------------------------------------------------------------------------------------
+
 
 def test_lightning_example_runs(capsys):
     example = runpy.run_path(os.path.join(EXAMPLES, "lightning_example.py"), run_name="example")
@@ -307,17 +337,28 @@ def test_lightning_example_runs(capsys):
     assert len(losses) == len(printed) == 3 and all(math.isfinite(x) for x in losses)
     assert printed == [round(x, 4) for x in losses]
     # Its validation pass ran in the plugin's region, with the default bfloat16 and policy.
-    assert re.search(r"^validation: loss \S+, logits torch.bfloat16 \(region: policy hpu, torch.bfloat16\)$",
-                     out, flags=re.M)
+    assert re.search(
+        r"^validation: loss \S+, logits torch.bfloat16 \(region: policy hpu, torch.bfloat16\)$", out, flags=re.M
+    )
 
 
 # --- Lightning's precision strings, both packages, Fabric (issue 31, item 8) --------------------------
 
-@pytest.mark.parametrize("args, kwargs, dtype", [
-    (("bf16-mixed",), {}, torch.bfloat16), (("16-mixed",), {}, torch.float16), (("bf16",), {}, torch.bfloat16),
-    ((16,), {}, torch.float16), ((), {"precision": "bf16-mixed"}, torch.bfloat16),
-    ((), {"precision": "16-mixed"}, torch.float16), ((torch.float16,), {"precision": "16-mixed"}, torch.float16),
-    ((), {}, torch.bfloat16)], ids=str)
+
+@pytest.mark.parametrize(
+    "args, kwargs, dtype",
+    [
+        (("bf16-mixed",), {}, torch.bfloat16),
+        (("16-mixed",), {}, torch.float16),
+        (("bf16",), {}, torch.bfloat16),
+        ((16,), {}, torch.float16),
+        ((), {"precision": "bf16-mixed"}, torch.bfloat16),
+        ((), {"precision": "16-mixed"}, torch.float16),
+        ((torch.float16,), {"precision": "16-mixed"}, torch.float16),
+        ((), {}, torch.bfloat16),
+    ],
+    ids=str,
+)
 def test_lightnings_precision_strings_are_taken_as_lightning_takes_them(args, kwargs, dtype):
     # Failed before: only a torch.dtype (lightning-habana's users write precision="bf16-mixed").
     plugin = HpuAutocastPrecision(*args, policy="torch-cpu", **kwargs)
@@ -340,8 +381,15 @@ def _load_plugin_module(monkeypatch, stand_in: bool):
 
     if stand_in:
         bases = {}
-        for name in ("lightning", "lightning.pytorch", "lightning.pytorch.plugins", "lightning.pytorch.plugins.precision",
-                     "lightning.fabric", "lightning.fabric.plugins", "lightning.fabric.plugins.precision"):
+        for name in (
+            "lightning",
+            "lightning.pytorch",
+            "lightning.pytorch.plugins",
+            "lightning.pytorch.plugins.precision",
+            "lightning.fabric",
+            "lightning.fabric.plugins",
+            "lightning.fabric.plugins.precision",
+        ):
             module = types.ModuleType(name)
             if name.endswith("precision"):
                 bases[name] = module.MixedPrecision = type("MixedPrecision", (), {"__module__": name})
@@ -396,6 +444,7 @@ def test_the_fabric_plugin_trains_as_fabrics_own_mixed_precision(precision):
     # The oracle is Fabric's own MixedPrecision (Fabric(precision="16-mixed") on CPU switches to
     # bf16-mixed, so the plugin is given directly).
     from hpu_autocast.integrations.lightning import FabricMixedPrecision
+
     native, native_seen = _fabric_fit(plugins=[FabricMixedPrecision(precision, device="cpu")])
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[precision]
     assert seen == [(dtype, dtype)] * 4 and [d for _, d in native_seen] == [dtype] * 4
@@ -411,7 +460,7 @@ class Logs(pl.LightningModule):
         self.net = torch.nn.Linear(16, 4)
 
     def training_step(self, batch, batch_idx):
-        self.log("value", torch.tensor(1 + 2 ** -10 + 1e-4), on_step=False, on_epoch=True)
+        self.log("value", torch.tensor(1 + 2**-10 + 1e-4), on_step=False, on_epoch=True)
         return self.net(batch[0]).float().sum()
 
     def configure_optimizers(self):
@@ -425,7 +474,7 @@ def test_values_logged_in_a_step_follow_the_policy(policy):
     trainer = _trainer(max_steps=-1, max_epochs=1, plugins=[HpuAutocastPrecision(policy=policy, device_type="cpu")])
     trainer.fit(Logs(), _loader())
     value = trainer.callback_metrics["value"]
-    exact = torch.tensor(1 + 2 ** -10 + 1e-4)
+    exact = torch.tensor(1 + 2**-10 + 1e-4)
     assert value.dtype == torch.float32
     if policy == "hpu":
         assert value.item() == exact.bfloat16().item() != exact.item()

@@ -26,14 +26,16 @@ def _lines(caplog, fn, **mode_kwargs):
 def test_log_of_linear_relu_cross_entropy(caplog):
     lin, x, y = _model()
     text = _lines(caplog, lambda: F.cross_entropy(F.relu(lin(x)), y))
-    assert text == "\n".join([
-        # linear is on hpu's lower list: input, weight and bias are cast to bf16.
-        "aten.linear.default  lower  f32,f32,f32 -> bf16",
-        # relu is on no list: it runs as its input is.
-        "aten.relu.default  not listed  bf16 -> bf16",
-        # cross_entropy_loss is on the fp32 list; the int64 target is not floating, not cast.
-        "aten.cross_entropy_loss.default  fp32  bf16,i64 -> f32",
-    ])
+    assert text == "\n".join(
+        [
+            # linear is on hpu's lower list: input, weight and bias are cast to bf16.
+            "aten.linear.default  lower  f32,f32,f32 -> bf16",
+            # relu is on no list: it runs as its input is.
+            "aten.relu.default  not listed  bf16 -> bf16",
+            # cross_entropy_loss is on the fp32 list; the int64 target is not floating, not cast.
+            "aten.cross_entropy_loss.default  fp32  bf16,i64 -> f32",
+        ]
+    )
 
 
 def test_log_of_ineligible_calls(caplog):
@@ -42,28 +44,29 @@ def test_log_of_ineligible_calls(caplog):
     d = torch.ones(2, 2, dtype=torch.float64)
 
     def body():
-        torch.mm(d, d)                       # float64 is never cast
-        z.relu_()                            # an in-place form no list names
+        torch.mm(d, d)  # float64 is never cast
+        z.relu_()  # an in-place form no list names
         torch.add(z, b, out=torch.empty(2, 2))  # out= computes into its out tensor, on no list
         torch.softmax(z, 0, dtype=torch.float64)  # an explicit dtype wins (explicit_dtype="leave")
-        torch.sum(z, dtype=torch.float64)    # unlisted, with a dtype: computes in it
-        torch.arange(3) + 1                  # no floating input: no decision, no line
+        torch.sum(z, dtype=torch.float64)  # unlisted, with a dtype: computes in it
+        torch.arange(3) + 1  # no floating input: no decision, no line
 
     leave = dataclasses.replace(get_preset("hpu"), name="hpu (explicit dtype left)", explicit_dtype="leave")
-    assert _lines(caplog, body, policy=leave) == "\n".join([
-        "aten.mm.default  ineligible: float64  f64,f64 -> f64",
-        "aten.relu_.default  not listed  f32 -> f32",
-        "aten.add.out  not listed  f32,bf16 -> f32",
-        "aten.softmax.int  ineligible: explicit dtype  f32 -> f64",
-        "aten.sum.default  not listed  f32 -> f64",
-    ])
+    assert _lines(caplog, body, policy=leave) == "\n".join(
+        [
+            "aten.mm.default  ineligible: float64  f64,f64 -> f64",
+            "aten.relu_.default  not listed  f32 -> f32",
+            "aten.add.out  not listed  f32,bf16 -> f32",
+            "aten.softmax.int  ineligible: explicit dtype  f32 -> f64",
+            "aten.sum.default  not listed  f32 -> f64",
+        ]
+    )
 
 
 def test_log_of_an_explicit_dtype_cast_as_on_gaudi(caplog):
     # hpu casts a dtype= call's eligible input as the bridge does: softmax is on its lower list.
     z = torch.ones(2, 2)
-    assert _lines(caplog, lambda: torch.softmax(z, 0, dtype=torch.float64)) == \
-        "aten.softmax.int  lower  f32 -> f64"
+    assert _lines(caplog, lambda: torch.softmax(z, 0, dtype=torch.float64)) == "aten.softmax.int  lower  f32 -> f64"
 
 
 def test_log_promote_and_mixed_unlisted(caplog):
@@ -71,15 +74,17 @@ def test_log_promote_and_mixed_unlisted(caplog):
     h = torch.ones(3, dtype=torch.bfloat16)
 
     def body():
-        torch.add(a, h)          # promote list: the widest input dtype
-        torch.maximum(h, a)      # on no list: torch's type promotion decides
+        torch.add(a, h)  # promote list: the widest input dtype
+        torch.maximum(h, a)  # on no list: torch's type promotion decides
         torch.maximum(h, torch.tensor(2.0))  # a 0-dim tensor does not promote
 
-    assert _lines(caplog, body) == "\n".join([
-        "aten.add.Tensor  promote  f32,bf16 -> f32",
-        "aten.maximum.default  not listed  bf16,f32 -> f32",
-        "aten.maximum.default  not listed  bf16,f32 -> bf16",
-    ])
+    assert _lines(caplog, body) == "\n".join(
+        [
+            "aten.add.Tensor  promote  f32,bf16 -> f32",
+            "aten.maximum.default  not listed  bf16,f32 -> f32",
+            "aten.maximum.default  not listed  bf16,f32 -> bf16",
+        ]
+    )
 
 
 def test_nothing_logged_when_debug_is_off(caplog):
@@ -117,10 +122,12 @@ def test_a_composite_is_one_line_and_its_unlisted_insides_are_lines_of_their_own
     # insides are its own.
     lin, x, _ = _model()
     text = _lines(caplog, lambda: F.layer_norm(lin(x), (3,)), policy="torch-cpu")
-    assert text == "\n".join([
-        "aten.linear.default  lower  f32,f32,f32 -> bf16",
-        "aten.native_layer_norm.default  not listed  bf16 -> bf16",
-    ])
+    assert text == "\n".join(
+        [
+            "aten.linear.default  lower  f32,f32,f32 -> bf16",
+            "aten.native_layer_norm.default  not listed  bf16 -> bf16",
+        ]
+    )
 
 
 def test_first_on_inplace_follows_self(caplog):
@@ -146,8 +153,10 @@ def test_policy_defaults_are_marked(caplog):
 
     policy = dataclasses.replace(get_preset("hpu"), name="first-default", unlisted=CastPolicy.FIRST)
     h, x = torch.ones(2, dtype=torch.bfloat16), torch.ones(2)
-    assert _lines(caplog, lambda: torch.maximum(h, x), policy=policy) == \
-        "aten.maximum.default  first (unlisted)  bf16,f32 -> bf16"
+    assert (
+        _lines(caplog, lambda: torch.maximum(h, x), policy=policy)
+        == "aten.maximum.default  first (unlisted)  bf16,f32 -> bf16"
+    )
 
 
 def test_inplace_default_applies(caplog):

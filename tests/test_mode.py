@@ -249,14 +249,20 @@ def test_two_threads_in_different_regions_at_once():
             barrier.wait()  # both have looked
         seen[key + "_after"] = torch.mm(A, B).dtype
 
-    threads = [threading.Thread(target=worker, args=("bf16", HpuAutocastMode(device_type="cpu"))),
-               threading.Thread(target=worker, args=("f16", HpuAutocastMode(torch.float16, policy="torch-cpu")))]
+    threads = [
+        threading.Thread(target=worker, args=("bf16", HpuAutocastMode(device_type="cpu"))),
+        threading.Thread(target=worker, args=("f16", HpuAutocastMode(torch.float16, policy="torch-cpu"))),
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
-    assert seen == {"bf16": (torch.bfloat16, torch.bfloat16), "f16": (torch.float16, torch.float16),
-                    "bf16_after": torch.float32, "f16_after": torch.float32}
+    assert seen == {
+        "bf16": (torch.bfloat16, torch.bfloat16),
+        "f16": (torch.float16, torch.float16),
+        "bf16_after": torch.float32,
+        "f16_after": torch.float32,
+    }
     assert not is_enabled()
 
 
@@ -280,16 +286,19 @@ def test_observer_sees_each_cast_call():
     events = []
 
     def observer(event):
-        events.append((str(event.op), str(event.outcome), event.action and str(event.action), event.compute,
-                       len(event.casts)))
+        events.append(
+            (str(event.op), str(event.outcome), event.action and str(event.action), event.compute, len(event.casts))
+        )
 
     with HpuAutocastMode(device_type="cpu", observer=observer):
         torch.mm(A, B)
         torch.exp(A)
         torch.relu(A)  # not listed: reported as such (the observer sees the fallback too)
-    assert events == [("aten.mm.default", "cast", "lower", torch.bfloat16, 2),
-                      ("aten.exp.default", "cast", "fp32", torch.float32, 0),
-                      ("aten.relu.default", "unlisted", None, torch.float32, 0)]
+    assert events == [
+        ("aten.mm.default", "cast", "lower", torch.bfloat16, 2),
+        ("aten.exp.default", "cast", "fp32", torch.float32, 0),
+        ("aten.relu.default", "unlisted", None, torch.float32, 0),
+    ]
 
 
 def test_cache_defaults_on_without_hpu_and_is_off_on_hpu(monkeypatch):
@@ -359,8 +368,13 @@ def test_an_op_raising_inside_the_region_leaves_it_working():
     # them off (the next ops would run uncast).
     import torch.nn.functional as F
 
-    bad_calls = [lambda: torch.mm(A, A), lambda: torch.ops.aten.mm.default(A, A), lambda: F.linear(A, B),
-                 lambda: F.cross_entropy(A, torch.tensor([5, 7])), lambda: F.layer_norm(A, (5,))]
+    bad_calls = [
+        lambda: torch.mm(A, A),
+        lambda: torch.ops.aten.mm.default(A, A),
+        lambda: F.linear(A, B),
+        lambda: F.cross_entropy(A, torch.tensor([5, 7])),
+        lambda: F.layer_norm(A, (5,)),
+    ]
     with HpuAutocastMode(device_type="cpu"):
         for bad in bad_calls:
             with pytest.raises((RuntimeError, IndexError)):
@@ -402,11 +416,14 @@ def test_only_weights_are_cached_as_native_caches_them():
     with HpuAutocastMode(torch.bfloat16, policy="torch-cpu", observer=events.append):
         torch.mm(m, w), torch.mm(m, w)
     cached = [[cast.cached for cast in e.casts] for e in events if e.name == "aten.mm.default"]
-    assert cached == [[False, False], [False, True]]   # m cast twice; w once, then served
+    assert cached == [[False, False], [False, True]]  # m cast twice; w once, then served
 
 
-@pytest.mark.skipif(not CACHES_WITH_GRAD, reason="native's cache predates pytorch#158232 here: it "
-                    "serves a no_grad copy to a use with grad; the region does what torch 2.13 and later do")
+@pytest.mark.skipif(
+    not CACHES_WITH_GRAD,
+    reason="native's cache predates pytorch#158232 here: it "
+    "serves a no_grad copy to a use with grad; the region does what torch 2.13 and later do",
+)
 def test_a_weight_copy_made_under_no_grad_serves_a_use_with_grad_as_native():
     # Native makes a cached copy with grad enabled, also under no_grad (pytorch#158232): the
     # copy carries its ToCopyBackward, so a later use with grad shares it and the weight gets
@@ -434,9 +451,11 @@ def test_a_weight_copy_made_under_no_grad_serves_a_use_with_grad_as_native():
 
 # --- torch-cuda without CUDA; generators and coroutines decorated (issue 31, item 7) ---------------
 
+
 def test_a_cuda_region_without_cuda_warns_as_torch_autocast_does(monkeypatch):
     # Failed before: silent. torch.autocast("cuda") warns "CUDA is not available ..." there.
     from hpu_autocast._facts import devices as _devices
+
     monkeypatch.setattr(_devices, "_cuda", False)
     with pytest.warns(UserWarning, match="a region for device 'cuda', but CUDA is not available: it casts nothing"):
         HpuAutocastMode(torch.float16, policy="torch-cuda")

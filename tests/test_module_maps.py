@@ -37,6 +37,7 @@ def _to_f32(a):
 def _wrapped(forward, value, outer: dict):
     """``forward`` run as the docs say ``value`` runs a module (written here without the package's
     module map: a plain region around the call)."""
+
     def run(*args, **kwargs):
         if value is torch.float32 or value == "fp32":
             with HpuAutocastMode(enabled=False):
@@ -52,6 +53,7 @@ def _wrapped(forward, value, outer: dict):
             region = HpuAutocastMode(outer["dtype"], policy=value, device_type=outer["device_type"])
         with region:
             return forward(*args, **kwargs)
+
     return run
 
 
@@ -102,17 +104,34 @@ class CNN(torch.nn.Module):
 
 def _models():
     g = torch.Generator().manual_seed(0)
-    yield "cnn", CNN(), torch.randn(2, 3, 6, 6, generator=g), {"head": torch.float32, "block.1": "fp32",
-                                                               "stem.0": None}
+    yield "cnn", CNN(), torch.randn(2, 3, 6, 6, generator=g), {"head": torch.float32, "block.1": "fp32", "stem.0": None}
     if _real_models.tf is not None:
         arch = _real_models.ARCHS["gpt2"]
-        yield "gpt2", arch.build(), arch.inputs(g), {
-            "lm_head": torch.float32, "*.ln_*": "fp32", "transformer.wte": None, "transformer.h.0.mlp": "torch-cpu",
-            "transformer.h.1": torch.float32, "transformer.h.1.mlp": BF16}
+        yield (
+            "gpt2",
+            arch.build(),
+            arch.inputs(g),
+            {
+                "lm_head": torch.float32,
+                "*.ln_*": "fp32",
+                "transformer.wte": None,
+                "transformer.h.0.mlp": "torch-cpu",
+                "transformer.h.1": torch.float32,
+                "transformer.h.1.mlp": BF16,
+            },
+        )
         arch = _real_models.ARCHS["bert"]
-        yield "bert", arch.build(), arch.inputs(g), {
-            "classifier": torch.float32, "*.LayerNorm": "fp32", "bert.encoder.layer.1.*": "torch-cpu",
-            "bert.pooler": None}
+        yield (
+            "bert",
+            arch.build(),
+            arch.inputs(g),
+            {
+                "classifier": torch.float32,
+                "*.LayerNorm": "fp32",
+                "bert.encoder.layer.1.*": "torch-cpu",
+                "bert.pooler": None,
+            },
+        )
 
 
 MODELS = list(_models())
@@ -174,7 +193,7 @@ def test_innermost_match_wins_and_inputs_are_cast_for_float32():
     with HpuAutocastMode(BF16, policy="torch-cpu", modules={"child": torch.float32, "child.child": torch.float16}):
         root(torch.ones(2, dtype=BF16))
     assert root.seen == [(True, BF16, BF16)]
-    assert mid.seen == [(False, None, torch.float32)]    # casting off, its bf16 input cast to float32
+    assert mid.seen == [(False, None, torch.float32)]  # casting off, its bf16 input cast to float32
     assert leaf.seen == [(True, torch.float16, torch.float32)]  # the deeper match's region inside it
 
 
@@ -292,21 +311,26 @@ def test_the_report_groups_by_module():
     with HpuAutocastMode(BF16, policy="torch-cpu", record=True, modules={"0": "fp32", "1": torch.float16}) as mode:
         model(torch.ones(1, 2))
     report = mode.report()
-    assert report.modules == {"0": {"override": "float32", "forwards": 1, "calls": {}},
-                              "1": {"override": "float16", "forwards": 1, "calls": {"f16": 1}}}
+    assert report.modules == {
+        "0": {"override": "float32", "forwards": 1, "calls": {}},
+        "1": {"override": "float16", "forwards": 1, "calls": {"f16": 1}},
+    }
     text = str(report)
     assert "by module:" in text and "float16" in text
 
 
 # -- bad input ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("modules,error,match", [
-    ({"a": torch.float64}, ValueError, "'a' maps to torch.float64"),
-    ({"a": torch.int8}, ValueError, "'a' maps to torch.int8"),
-    ({"a": "no-such-preset"}, ValueError, "'a' maps to 'no-such-preset'"),
-    ({"a": 3}, TypeError, "'a' maps to 3 .int.; accepted: torch.float32"),
-    ({1: "fp32"}, TypeError, "a pattern must be a string"),
-    (["a"], TypeError, "modules must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "modules,error,match",
+    [
+        ({"a": torch.float64}, ValueError, "'a' maps to torch.float64"),
+        ({"a": torch.int8}, ValueError, "'a' maps to torch.int8"),
+        ({"a": "no-such-preset"}, ValueError, "'a' maps to 'no-such-preset'"),
+        ({"a": 3}, TypeError, "'a' maps to 3 .int.; accepted: torch.float32"),
+        ({1: "fp32"}, TypeError, "a pattern must be a string"),
+        (["a"], TypeError, "modules must be a mapping"),
+    ],
+)
 def test_bad_maps_are_clear_errors(modules, error, match):
     with pytest.raises(error, match=match):
         HpuAutocastMode(BF16, policy="torch-cpu", modules=modules)
@@ -345,8 +369,7 @@ def test_a_mode_with_a_map_copies_with_it():
 # -- first and last layers: first_last() --------------------------------------------------------
 def _fp8_events(model, inputs, modules):
     seen = []
-    with HpuAutocastMode(torch.float8_e4m3fn, policy="hpu", device_type="cpu", observer=seen.append,
-                         modules=modules):
+    with HpuAutocastMode(torch.float8_e4m3fn, policy="hpu", device_type="cpu", observer=seen.append, modules=modules):
         model(**inputs).loss.backward()
     return seen
 
@@ -381,7 +404,7 @@ def test_first_last_without_a_head_takes_the_last_leaf_linear_in_registration_or
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.out = torch.nn.Linear(4, 2)           # registered first, called last
+            self.out = torch.nn.Linear(4, 2)  # registered first, called last
             self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
 
         def forward(self, x):

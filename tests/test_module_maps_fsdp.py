@@ -39,8 +39,9 @@ def mesh():
 
 def tiny():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 16),
-                               torch.nn.Linear(16, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+    )
 
 
 def shard(model, mesh, param_dtype=None, own=None):
@@ -59,8 +60,10 @@ def step(model, steps=2):
     torch.manual_seed(1)
     xs, ys = torch.randn(steps, 4, 8), torch.randn(steps, 4, 4)
     seen = {}
-    hooks = [layer.register_forward_hook(lambda m, a, out, n=n: seen.setdefault(n, out.dtype) and None)
-             for n, layer in model.named_children()]
+    hooks = [
+        layer.register_forward_hook(lambda m, a, out, n=n: seen.setdefault(n, out.dtype) and None)
+        for n, layer in model.named_children()
+    ]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for x, y in zip(xs, ys):
@@ -93,8 +96,11 @@ def test_fsdp2_param_dtype_lower_than_a_float32_module_is_refused(mesh):
     # fully_shard(..., MixedPrecisionPolicy(param_dtype=bf16)) casts layer 2's parameters and
     # inputs to bf16 after the map's hook cast them up: it would run in bf16 with no word.
     model = shard(tiny(), mesh, param_dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"'2' maps module '2' to float32, but FSDP2 gathers its parameters in "
-                                         r"bfloat16 \(fully_shard\('2', mp_policy=.*param_dtype=torch.float32"):
+    with pytest.raises(
+        ValueError,
+        match=r"'2' maps module '2' to float32, but FSDP2 gathers its parameters in "
+        r"bfloat16 \(fully_shard\('2', mp_policy=.*param_dtype=torch.float32",
+    ):
         with HpuAutocastMode(torch.bfloat16, device_type="cpu", modules=MAP):
             model(torch.randn(4, 8))
 

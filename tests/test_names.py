@@ -22,25 +22,28 @@ def _scale_mm(x, w):
 ADDMM = {getattr(aten.addmm, o) for o in ("default", "dtype") if o in aten.addmm.overloads()}
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("addmm", ADDMM),
-    ("aten::addmm", ADDMM),
-    ("aten.addmm", ADDMM),
-    ("aten.addmm.default", {aten.addmm.default}),
-    ("addmm.out", {aten.addmm.out}),
-    ("aten::addmm.out", {aten.addmm.out}),
-    ("  addmm  ", ADDMM),
-    ("addmm_", {aten.addmm_.default}),
-    ("truediv", {aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode}),
-    ("iadd", {aten.add_.Tensor, aten.add_.Scalar}),
-    ("cross_entropy_loss", {aten.cross_entropy_loss.default}),
-    ("cross_entropy", {aten.cross_entropy_loss.default}),
-    ("conv_transpose2d", {aten.conv_transpose2d.input}),
-    ("__matmul__", {aten.matmul.default}),
-    ("linear", {aten.linear.default}),
-    ("hpu_autocast_test::scale_mm", {torch.ops.hpu_autocast_test.scale_mm.default}),
-    ("hpu_autocast_test.scale_mm.default", {torch.ops.hpu_autocast_test.scale_mm.default}),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("addmm", ADDMM),
+        ("aten::addmm", ADDMM),
+        ("aten.addmm", ADDMM),
+        ("aten.addmm.default", {aten.addmm.default}),
+        ("addmm.out", {aten.addmm.out}),
+        ("aten::addmm.out", {aten.addmm.out}),
+        ("  addmm  ", ADDMM),
+        ("addmm_", {aten.addmm_.default}),
+        ("truediv", {aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode}),
+        ("iadd", {aten.add_.Tensor, aten.add_.Scalar}),
+        ("cross_entropy_loss", {aten.cross_entropy_loss.default}),
+        ("cross_entropy", {aten.cross_entropy_loss.default}),
+        ("conv_transpose2d", {aten.conv_transpose2d.input}),
+        ("__matmul__", {aten.matmul.default}),
+        ("linear", {aten.linear.default}),
+        ("hpu_autocast_test::scale_mm", {torch.ops.hpu_autocast_test.scale_mm.default}),
+        ("hpu_autocast_test.scale_mm.default", {torch.ops.hpu_autocast_test.scale_mm.default}),
+    ],
+)
 def test_spellings(name, expected):
     assert set(resolve(name)) == expected
 
@@ -51,19 +54,23 @@ def test_a_name_covers_functional_overloads_only():
     assert aten.add_.Tensor not in ops and aten.add.out not in ops
 
 
-@pytest.mark.parametrize("name, message", [
-    ("adddmm", "unknown op 'adddmm'; closest valid names: addmm"),
-    ("addmm.nope", "unknown overload 'addmm.nope'; aten::addmm has: " + ", ".join(sorted(aten.addmm.overloads()))),
-    ("mylib_nowhere::op", "unknown op 'mylib_nowhere::op'"),
-    ("", "op names must be non-empty strings"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("adddmm", "unknown op 'adddmm'; closest valid names: addmm"),
+        ("addmm.nope", "unknown overload 'addmm.nope'; aten::addmm has: " + ", ".join(sorted(aten.addmm.overloads()))),
+        ("mylib_nowhere::op", "unknown op 'mylib_nowhere::op'"),
+        ("", "op names must be non-empty strings"),
+    ],
+)
 def test_unknown_names(name, message):
     with pytest.raises(PolicyError, match=message.replace("(", r"\(").replace(")", r"\)")):
         resolve(name)
 
 
-@pytest.mark.parametrize("name", ["mm.overloads", "mm.__name__", "aten.mm.__doc__", "aten::mm.__call__",
-                                  "aten.mm.overloads"])
+@pytest.mark.parametrize(
+    "name", ["mm.overloads", "mm.__name__", "aten.mm.__doc__", "aten::mm.__call__", "aten.mm.overloads"]
+)
 def test_attributes_of_a_packet_are_not_overloads(name):
     # Only the names packet.overloads() lists are overloads; resolve once returned the bound
     # method or string an attribute lookup gave (``mm.overloads`` -> [<bound method ...>]).
@@ -73,10 +80,21 @@ def test_attributes_of_a_packet_are_not_overloads(name):
     assert str(err.value) == f"unknown overload {name!r} (lower.txt, line 3); aten::mm has: {valid}"
 
 
-@pytest.mark.parametrize("name, python", [
-    ("iadd", True), ("truediv", True), ("aten::truediv", True), ("__matmul__", True), ("cross_entropy", True),
-    ("add", False), ("add_", False), ("div", False), ("addmm.out", False), ("cross_entropy_loss", False),
-])
+@pytest.mark.parametrize(
+    "name, python",
+    [
+        ("iadd", True),
+        ("truediv", True),
+        ("aten::truediv", True),
+        ("__matmul__", True),
+        ("cross_entropy", True),
+        ("add", False),
+        ("add_", False),
+        ("div", False),
+        ("addmm.out", False),
+        ("cross_entropy_loss", False),
+    ],
+)
 def test_python_names(name, python):
     # Python-level spellings, which C++ code (Gaudi's bridge reading its lists) does not know.
     assert is_python_name(name) is python
@@ -87,7 +105,9 @@ def test_every_alias_is_a_python_name():
 
 
 def test_unknown_name_cites_its_source():
-    with pytest.raises(PolicyError, match=r"unknown op 'softmaxx' \(lists/lower.txt, line 7\); closest valid names: softmax"):
+    with pytest.raises(
+        PolicyError, match=r"unknown op 'softmaxx' \(lists/lower.txt, line 7\); closest valid names: softmax"
+    ):
         resolve("softmaxx", ("lists/lower.txt", 7))
 
 

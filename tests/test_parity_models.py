@@ -163,8 +163,11 @@ def _tied_step(cache: bool, dtype, ours: bool):
     torch.manual_seed(0)
     model = Tied()
     tokens = torch.randint(0, 10, (4, 5), generator=torch.Generator().manual_seed(1))
-    region = (HpuAutocastMode(dtype, policy="torch-cpu", cache_enabled=cache) if ours
-              else torch.autocast("cpu", dtype=dtype, cache_enabled=cache))
+    region = (
+        HpuAutocastMode(dtype, policy="torch-cpu", cache_enabled=cache)
+        if ours
+        else torch.autocast("cpu", dtype=dtype, cache_enabled=cache)
+    )
     return model, _step(model, tokens, region)
 
 
@@ -216,6 +219,7 @@ def test_several_steps_in_one_region_match_native(dtype):
 # ("could not create a primitive descriptor for the LSTM forward propagation primitive"), for
 # native autocast itself: ours must then fail the same way, and match it bit for bit where it runs.
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_lstm_matches_native(dtype):
     ours, native, x = _pair("lstm")
@@ -250,6 +254,7 @@ def test_lstm_without_onednn_matches_native(dtype):
 
 
 # --- inference -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", ["mlp_layernorm", "cnn_batchnorm", "embed_attention"])

@@ -44,8 +44,7 @@ def test_actions_may_be_given_by_their_string_value():
     policy = Policy(name="x", table={MM: "lower", EXP: "fp32"}, unlisted="first")
     assert policy.table == {MM: CastPolicy.LOWER, EXP: CastPolicy.FP32}
     assert policy.unlisted is CastPolicy.FIRST
-    assert policy == Policy(name="x", table={MM: CastPolicy.LOWER, EXP: CastPolicy.FP32},
-                            unlisted=CastPolicy.FIRST)
+    assert policy == Policy(name="x", table={MM: CastPolicy.LOWER, EXP: CastPolicy.FP32}, unlisted=CastPolicy.FIRST)
 
 
 def test_a_bad_action_names_the_key_the_value_and_the_accepted_values():
@@ -54,16 +53,20 @@ def test_a_bad_action_names_the_key_the_value_and_the_accepted_values():
     assert str(err.value) == (
         "Policy 'x': table[aten.mm.default] = 'low' is not a cast policy; accepted: CastPolicy.LOWER "
         "or 'lower', CastPolicy.FP32 or 'fp32', CastPolicy.FP32_SET_OPT_DTYPE or 'fp32_set_opt_dtype', "
-        "CastPolicy.FP32_APPEND_DTYPE or 'fp32_append_dtype', CastPolicy.PROMOTE or 'promote', CastPolicy.FIRST or 'first'")
+        "CastPolicy.FP32_APPEND_DTYPE or 'fp32_append_dtype', CastPolicy.PROMOTE or 'promote', CastPolicy.FIRST or 'first'"
+    )
 
 
-@pytest.mark.parametrize("key, kind", [("mm", "str"), (aten.mm, "OpOverloadPacket"), (torch.mm, "builtin_function_or_method")])
+@pytest.mark.parametrize(
+    "key, kind", [("mm", "str"), (aten.mm, "OpOverloadPacket"), (torch.mm, "builtin_function_or_method")]
+)
 def test_a_key_that_is_not_an_overload_points_to_build_policy(key, kind):
     with pytest.raises(TypeError) as err:
         Policy(name="x", table={key: CastPolicy.LOWER})
     assert str(err.value) == (
         f"Policy 'x': table key: {key!r} is a {kind}, not an OpOverload such as torch.ops.aten.mm.default; "
-        "to build a policy from op names use hpu_autocast.build_policy")
+        "to build a policy from op names use hpu_autocast.build_policy"
+    )
 
 
 def test_ops_named_outside_the_table_are_overloads_too():
@@ -100,6 +103,7 @@ def test_the_build_record_travels_with_a_policy_but_is_not_its_value():
     with pytest.raises(TypeError, match="record must be a BuildRecord, got tuple"):
         Policy(name="x", table={}, record=("gone",))
 
+
 def test_a_policy_is_frozen_all_the_way_down():
     policy = Policy(name="x", table={MM: CastPolicy.LOWER})
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -112,8 +116,14 @@ def test_device_type_defaults_to_the_running_device():
     assert Policy(name="x", table={}).device_type is None
     # The torch and XPU presets name their device; Gaudi's leave it to the mode.
     device_types = {name: get_preset(name).device_type for name in preset_names()}
-    assert device_types == {"hpu": None, "hmp": None, "hmp-O2": None, "xpu": "xpu", "torch-cpu": "cpu",
-                            "torch-cuda": "cuda"}
+    assert device_types == {
+        "hpu": None,
+        "hmp": None,
+        "hmp-O2": None,
+        "xpu": "xpu",
+        "torch-cpu": "cpu",
+        "torch-cuda": "cuda",
+    }
 
 
 def test_the_new_cast_policies_and_explicit_dtype_are_part_of_the_value():
@@ -124,7 +134,9 @@ def test_the_new_cast_policies_and_explicit_dtype_are_part_of_the_value():
     cuda = get_preset("torch-cuda")
     assert cuda.ops(CastPolicy.FP32_SET_OPT_DTYPE) and cuda.ops(CastPolicy.FP32_APPEND_DTYPE)
     other = pickle.loads(pickle.dumps(cuda))
-    assert other.explicit_dtype == "cast" and other.ops(CastPolicy.FP32_APPEND_DTYPE) == cuda.ops(CastPolicy.FP32_APPEND_DTYPE)
+    assert other.explicit_dtype == "cast" and other.ops(CastPolicy.FP32_APPEND_DTYPE) == cuda.ops(
+        CastPolicy.FP32_APPEND_DTYPE
+    )
     left = dataclasses.replace(cuda, explicit_dtype="leave")
     assert left != cuda and compile_policy(left).key != compile_policy(cuda).key
     sum_op = torch.ops.aten.sum.default

@@ -66,8 +66,16 @@ def test_with_lists_replaces_where_edit_keeps():
 
 def test_every_kind_moves_its_ops_and_only_them():
     hpu = get_preset("hpu")
-    edited = hpu.edit(lower=["gelu"], fp32=["mm"], fp32_set_opt_dtype=["cumsum"], fp32_append_dtype=["norm"],
-                      promote=["where"], first=["relu"], unlisted=["softmax"], name="mine")
+    edited = hpu.edit(
+        lower=["gelu"],
+        fp32=["mm"],
+        fp32_set_opt_dtype=["cumsum"],
+        fp32_append_dtype=["norm"],
+        promote=["where"],
+        first=["relu"],
+        unlisted=["softmax"],
+        name="mine",
+    )
     changed = _changed(hpu, edited)
     assert changed.pop("aten.gelu.default") == (None, "lower")
     assert {changed.pop(op) for op in list(changed) if op.startswith("aten.mm.")} == {("lower", "fp32")}
@@ -107,15 +115,21 @@ def test_unknown_names_name_the_name_and_the_closest_valid_ones():
 
 def test_an_op_named_under_two_kinds_names_both_entries():
     # add.Tensor is one of add's functional overloads: the two spellings collide on it.
-    with pytest.raises(PolicyError, match=r"aten.add.Tensor is named under two kinds of one edit: lower, as "
-                                          r"'add', and fp32, as 'add.Tensor'"):
+    with pytest.raises(
+        PolicyError,
+        match=r"aten.add.Tensor is named under two kinds of one edit: lower, as "
+        r"'add', and fp32, as 'add.Tensor'",
+    ):
         get_preset("torch-cpu").edit(lower=["add"], fp32=["add.Tensor"])
 
 
 def test_a_kind_an_op_cannot_take_is_refused_with_the_kinds_it_can():
-    with pytest.raises(PolicyError, match=r"'mm' cannot be moved to fp32_append_dtype: aten.mm.default cannot "
-                                          r"take that cast policy .* the kinds it can take: lower, fp32, promote, "
-                                          r"first, unlisted"):
+    with pytest.raises(
+        PolicyError,
+        match=r"'mm' cannot be moved to fp32_append_dtype: aten.mm.default cannot "
+        r"take that cast policy .* the kinds it can take: lower, fp32, promote, "
+        r"first, unlisted",
+    ):
         get_preset("hpu").edit(fp32_append_dtype=["mm"])
 
 

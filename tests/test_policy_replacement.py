@@ -24,8 +24,12 @@ def fresh(monkeypatch):
 
     for name in (ENV_LOWER, ENV_FP32, "LOWER_LIST", "FP32_LIST"):
         monkeypatch.delenv(name, raising=False)
-    for module, name in ((builder, "_warned"), (gaudi, "_warned_findings"), (builder, "_warned_dropped"),
-                         (builder, "_warned_unused")):
+    for module, name in (
+        (builder, "_warned"),
+        (gaudi, "_warned_findings"),
+        (builder, "_warned_dropped"),
+        (builder, "_warned_unused"),
+    ):
         monkeypatch.setattr(module, name, set())
 
 
@@ -41,8 +45,11 @@ def test_with_lists_names_what_its_lower_list_dropped_and_how_to_keep_it():
     gone = [op for op, a in get_preset("hpu").table.items() if a is CastPolicy.LOWER and op not in policy.table]
     names = list(dict.fromkeys(op.overloadpacket.__name__ for op in gone))
     assert len(names) > 20 and "linear" in names
-    with pytest.warns(UserWarning, match=rf"{len(names)} ops of those \(lower\) are on no list now .*: "
-                                         rf"{', '.join(names[:8])} and {len(names) - 8} more.*policy.edit") as w:
+    with pytest.warns(
+        UserWarning,
+        match=rf"{len(names)} ops of those \(lower\) are on no list now .*: "
+        rf"{', '.join(names[:8])} and {len(names) - 8} more.*policy.edit",
+    ) as w:
         HpuAutocastMode(torch.bfloat16, policy=policy, device_type="cpu")
     assert [x.filename for x in w] == [__file__]
     with warnings.catch_warnings():
@@ -71,8 +78,11 @@ def test_a_lower_file_alone_warns_of_the_lower_ops_it_dropped(tmp_path, monkeypa
 def test_an_fp32_entry_the_default_lower_list_shadows_warns(tmp_path, monkeypatch):
     # Gaudi keeps the default lower list when only the FP32 file is given, and tries it first.
     monkeypatch.setenv(ENV_FP32, _file(tmp_path, "fp32.txt", "tanh\nmm\n"))
-    with pytest.warns(UserWarning, match=r"fp32.txt, line 2: 'mm' stays in lower precision: it is on the default "
-                                         r"lower list") as w:
+    with pytest.warns(
+        UserWarning,
+        match=r"fp32.txt, line 2: 'mm' stays in lower precision: it is on the default "
+        r"lower list",
+    ) as w:
         mode = HpuAutocastMode(torch.bfloat16, device_type="cpu")
     assert __file__ in {x.filename for x in w}
     a = torch.randn(2, 2)
@@ -84,8 +94,12 @@ def test_an_fp32_entry_the_default_lower_list_shadows_warns(tmp_path, monkeypatc
 def test_every_spelling_of_the_default_policy_reads_gaudis_variables(spelling, tmp_path, monkeypatch):
     # Was: policy=get_preset("hpu") ran the pristine preset, with no word.
     monkeypatch.setenv(ENV_LOWER, _file(tmp_path, "lower.txt", "exp\n"))
-    policy = {"default": None, "name": "hpu", "get_preset": get_preset("hpu"),
-              "a pickled copy": pickle.loads(pickle.dumps(get_preset("hpu")))}[spelling]
+    policy = {
+        "default": None,
+        "name": "hpu",
+        "get_preset": get_preset("hpu"),
+        "a pickled copy": pickle.loads(pickle.dumps(get_preset("hpu"))),
+    }[spelling]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the dropped ops' warning, tested above
         mode = HpuAutocastMode(torch.bfloat16, device_type="cpu", **({} if policy is None else {"policy": policy}))
@@ -96,8 +110,11 @@ def test_every_spelling_of_the_default_policy_reads_gaudis_variables(spelling, t
 def test_a_policy_of_ones_own_runs_as_it_is_and_says_the_variables_are_unused(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_LOWER, _file(tmp_path, "lower.txt", "exp\n"))
     edited = get_preset("hpu").edit(lower=["gelu"])
-    with pytest.warns(UserWarning, match=rf"{ENV_LOWER}=.*lower.txt set, but unused: the region runs policy "
-                                         r"'hpu\+edit' as it is.*policy_from_env\(\).edit") as w:
+    with pytest.warns(
+        UserWarning,
+        match=rf"{ENV_LOWER}=.*lower.txt set, but unused: the region runs policy "
+        r"'hpu\+edit' as it is.*policy_from_env\(\).edit",
+    ) as w:
         mode = HpuAutocastMode(torch.bfloat16, policy=edited, device_type="cpu")
     assert mode.policy is edited and [x.filename for x in w] == [__file__]
 
@@ -111,8 +128,21 @@ def test_check_gaudi_reads_a_lower_and_an_fp32_file_as_a_pair(tmp_path, capsys):
     assert "note: the files replace the hpu preset's lists and leave" in out and "linear" in out
     assert main(["check", "--gaudi", "--fp32", _file(tmp_path, "f.txt", "mm\n")]) == 1
     assert "'mm' stays in lower precision" in capsys.readouterr().out
-    assert main(["check", "--gaudi", "--lower", _file(tmp_path, "l.txt", "\n".join(
-        op.overloadpacket.__name__ for op in get_preset("hpu").ops(CastPolicy.LOWER)) + "\n")]) == 0
+    assert (
+        main(
+            [
+                "check",
+                "--gaudi",
+                "--lower",
+                _file(
+                    tmp_path,
+                    "l.txt",
+                    "\n".join(op.overloadpacket.__name__ for op in get_preset("hpu").ops(CastPolicy.LOWER)) + "\n",
+                ),
+            ]
+        )
+        == 0
+    )
 
 
 def test_policy_prints_the_effective_table_and_the_files_it_read(tmp_path, monkeypatch, capsys):

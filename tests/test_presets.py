@@ -20,6 +20,7 @@ from hpu_autocast.policies.presets import gaudi_hmp as hmp_data
 from hpu_autocast.policies.presets import torch_amp_cpu as cpu_data
 from hpu_autocast.policies.presets import xpu_amp as xpu_data
 
+
 def _names(text: str):
     return [n.strip() for n in text.split(",") if n.strip()]
 
@@ -36,10 +37,14 @@ def xpu_lists():
 
     def after(heading):
         i = lines.index(heading)
-        return _names(next(x for x in lines[i + 1:] if re.fullmatch(r"\s*\w+(\s*,\s*\w+)+\s*", x)))
+        return _names(next(x for x in lines[i + 1 :] if re.fullmatch(r"\s*\w+(\s*,\s*\w+)+\s*", x)))
 
-    return (after("Ops that can autocast to bfloat16"), after("Ops that can autocast to float16"),
-            after("Ops that can autocast to float32"), after("Ops that promote to the widest input type"))
+    return (
+        after("Ops that can autocast to bfloat16"),
+        after("Ops that can autocast to float16"),
+        after("Ops that can autocast to float32"),
+        after("Ops that promote to the widest input type"),
+    )
 
 
 def torch_doc_lists(which: str):
@@ -53,7 +58,7 @@ def torch_doc_lists(which: str):
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("These ops don't require"))
     # Split where two names are adjacent (no "," line between them).
     lists, current, prev_comma = [], [], True
-    for x in lines[start + 1:end]:
+    for x in lines[start + 1 : end]:
         if x == ",":
             prev_comma = True
             continue
@@ -81,6 +86,7 @@ def _ops(names):
 
 # --- the lists ---------------------------------------------------------------------------------
 
+
 def test_hmp_lists_are_seed_001s():
     bf16, fp32 = hmp_lists()
     assert hmp_data.BF16 == bf16 and hmp_data.FP32 == fp32
@@ -95,8 +101,10 @@ def test_xpu_lists_are_seed_002s():
     assert bf16 == fp16  # one list for both dtypes
     # The document repeats conv_transpose1d where conv_transpose2d is meant (see presets/xpu_amp.py).
     assert bf16.count("conv_transpose1d") == 2 and "conv_transpose2d" not in bf16
-    expected = [n if not (n == "conv_transpose1d" and i == bf16.index(n) + 1) else "conv_transpose2d"
-                for i, n in enumerate(bf16)]
+    expected = [
+        n if not (n == "conv_transpose1d" and i == bf16.index(n) + 1) else "conv_transpose2d"
+        for i, n in enumerate(bf16)
+    ]
     assert set(xpu_data.LOWER) == set(expected)
     assert xpu_data.FP32 == [n.strip() for n in fp32] and xpu_data.PROMOTE == promote
     policy = get_preset("xpu")
@@ -115,6 +123,7 @@ def test_torch_cpu_lists_are_seed_003s():
 
 # --- op by op ----------------------------------------------------------------------------------
 
+
 def _floating(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not torch.float64
 
@@ -131,8 +140,9 @@ def _call(fn, args, kwargs):
 def _equal(a, b) -> bool:
     fa, sa = tree_flatten(a)
     fb, sb = tree_flatten(b)
-    return sa == sb and all((x.dtype == y.dtype and torch.equal(x, y)) if isinstance(x, torch.Tensor)
-                            else x == y for x, y in zip(fa, fb))
+    return sa == sb and all(
+        (x.dtype == y.dtype and torch.equal(x, y)) if isinstance(x, torch.Tensor) else x == y for x, y in zip(fa, fb)
+    )
 
 
 def _cases():
@@ -189,6 +199,7 @@ def test_op_runs_as_its_list_says(preset, name, kind, input_only):
 
 
 # --- rules particular to a preset --------------------------------------------------------------
+
 
 def test_hmp_unlisted_ops_run_in_the_first_inputs_dtype():
     a, b = torch.randn(3, dtype=torch.bfloat16), torch.randn(3)

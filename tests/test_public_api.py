@@ -96,5 +96,7 @@ def test_the_package_imports_no_framework_and_says_what_a_recipe_needs():
     assert run.returncode == 0, run.stderr[-2000:]
     loaded, error = run.stdout.splitlines()
     assert loaded == "[]"
-    assert error.startswith("ImportError hpu_autocast.integrations.lightning needs PyTorch Lightning, which is not "
-                            "installed: pip install \"pytorch-lightning>=2.6\"")
+    assert error.startswith(
+        "ImportError hpu_autocast.integrations.lightning needs PyTorch Lightning, which is not "
+        'installed: pip install "pytorch-lightning>=2.6"'
+    )

@@ -62,8 +62,10 @@ def _differences(ours: dict, ref: dict) -> list:
             out.append(f"{name}: {a.dtype}{list(a.shape)} != {b.dtype}{list(b.shape)}")
         elif differences(a, b):
             diff = a.double() - b.double()
-            out.append(f"{name}: {int((diff != 0).sum())} of {a.numel()} {a.dtype} values differ, "
-                       f"max |diff| {diff.abs().max().item():.3g}")
+            out.append(
+                f"{name}: {int((diff != 0).sum())} of {a.numel()} {a.dtype} values differ, "
+                f"max |diff| {diff.abs().max().item():.3g}"
+            )
     return out
 
 
@@ -91,8 +93,10 @@ def test_native_autocast_changes_every_model(name):
     # from the float32 step in the loss and in most gradients, so a region that cast nothing,
     # or cast the wrong ops, would not match it.
     native, plain, inputs = pair(name)
-    (out, grads), (ref, ref_grads) = (_train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16)),
-                                      _train_step(plain, inputs, contextlib.nullcontext()))
+    (out, grads), (ref, ref_grads) = (
+        _train_step(native, inputs, torch.autocast("cpu", dtype=torch.bfloat16)),
+        _train_step(plain, inputs, contextlib.nullcontext()),
+    )
     assert differences(out["loss"], ref["loss"])
     assert len(_differences(grads, ref_grads)) > len(grads) // 2
 

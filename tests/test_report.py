@@ -73,10 +73,23 @@ def test_report_markdown_and_json():
     data = json.loads(r.to_json())
     assert data["casts"] == 4 and data["cast_bytes"] == 70
     assert data["flops_by_dtype"] == {"bf16": 48} and data["lower_flop_share"] == 1.0
-    assert data["rows"][2] == {"op": "aten.cross_entropy_loss.default", "action": "fp32", "inputs": "bf16,i64",
-                               "compute": "f32", "calls": 1, "casts": 1, "cast_bytes": 24, "flops": None}
-    assert r.by_op()["aten.linear.default"] == {"calls": 1, "by_action": {"lower": 1},
-                                                "by_dtypes": {"f32,f32,f32 -> bf16": 1}, "casts": 3, "cast_bytes": 46}
+    assert data["rows"][2] == {
+        "op": "aten.cross_entropy_loss.default",
+        "action": "fp32",
+        "inputs": "bf16,i64",
+        "compute": "f32",
+        "calls": 1,
+        "casts": 1,
+        "cast_bytes": 24,
+        "flops": None,
+    }
+    assert r.by_op()["aten.linear.default"] == {
+        "calls": 1,
+        "by_action": {"lower": 1},
+        "by_dtypes": {"f32,f32,f32 -> bf16": 1},
+        "casts": 3,
+        "cast_bytes": 46,
+    }
 
 
 @pytest.mark.parametrize("cache_enabled", [True, False])
@@ -88,8 +101,8 @@ def test_casts_match_the_casts_that_ran(cache_enabled):
     with oracle, record(policy="hpu", device_type="cpu", cache_enabled=cache_enabled) as rec:
         for _ in range(2):  # the second forward reuses the cached weight casts, if caching
             F.cross_entropy(F.relu(lin(x)), y)
-        torch.mm(a, a)      # one tensor, two casts
-        torch.add(a, b)     # promote: the bf16 one is cast to f32
+        torch.mm(a, a)  # one tensor, two casts
+        torch.add(a, b)  # promote: the bf16 one is cast to f32
     r = rec.report()
     assert (r.casts, r.cast_bytes) == (oracle.casts, oracle.bytes)
     # Two forwards: x (no gradient flows to it: never cached, as native) twice; the weight and
@@ -106,8 +119,8 @@ def test_flop_share_against_hand_count():
     img, k = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     q = torch.randn(1, 2, 3, 4)
     with record(policy=policy, device_type="cpu") as rec:
-        F.linear(F.linear(x, w1), w2)          # 2*5*8*16 + 2*5*16*4 = 1280 + 640
-        F.conv2d(img, k)                        # out [1,3,3,3]: 2 * 27 * (2*3*3) = 972
+        F.linear(F.linear(x, w1), w2)  # 2*5*8*16 + 2*5*16*4 = 1280 + 640
+        F.conv2d(img, k)  # out [1,3,3,3]: 2 * 27 * (2*3*3) = 972
         F.scaled_dot_product_attention(q, q, q)  # QK^T and AV: 2 * (2 * 2*3*3*4) = 288
         torch.bmm(torch.randn(2, 3, 4), torch.randn(2, 4, 5))  # 2*2*3*4*5 = 240, f32
     r = rec.report()
@@ -121,14 +134,14 @@ def test_warnings_worth_acting_on():
     h = torch.randn(3, dtype=torch.bfloat16)
     # The cast cache off: with it, the repeated casts of m below would be served from it.
     with record(policy="hpu", device_type="cpu", cache_enabled=False) as rec:
-        torch.maximum(h, a)              # on no list, mixed floating inputs
+        torch.maximum(h, a)  # on no list, mixed floating inputs
         torch.maximum(h, a)
         torch.log(torch.mm(torch.randn(2, 2), torch.randn(2, 2)))  # fp32 list fed by bf16 mm
         m = torch.randn(2, 2)
         torch.mm(m, torch.randn(2, 2))
-        torch.mm(torch.randn(2, 2), m)   # m cast to bf16 again, unchanged
+        torch.mm(torch.randn(2, 2), m)  # m cast to bf16 again, unchanged
         m.add_(1)
-        torch.mm(m, m)                   # changed since: a fresh cast, then a repeat in the same call
+        torch.mm(m, m)  # changed since: a fresh cast, then a repeat in the same call
     assert rec.report().warnings == [
         "aten.maximum.default is on no list and got mixed floating dtypes (bf16,f32): it runs in f32 by type "
         "promotion; list it to decide (2 calls)",
@@ -155,13 +168,15 @@ def test_recorder_is_an_observer_and_reports_snapshots():
 def test_empty_report():
     with record(enabled=False) as rec:
         torch.mm(torch.ones(2, 2), torch.ones(2, 2))  # a disabled region observes nothing
-    assert str(rec.report()) == "\n".join([
-        f"hpu_autocast precision report: policy hpu, dtype bf16, engine {ENGINE}",
-        "op  action  dtypes  calls  casts  cast bytes  FLOPs",
-        "",
-        "casts inserted: 0 (0 bytes)",
-        "matmul/conv FLOPs: none",
-    ])
+    assert str(rec.report()) == "\n".join(
+        [
+            f"hpu_autocast precision report: policy hpu, dtype bf16, engine {ENGINE}",
+            "op  action  dtypes  calls  casts  cast bytes  FLOPs",
+            "",
+            "casts inserted: 0 (0 bytes)",
+            "matmul/conv FLOPs: none",
+        ]
+    )
     assert rec.report().lower_flop_share is None
 
 
@@ -181,7 +196,9 @@ def test_op_graph_marks_casts():
     # Note [the order of casts]).
     lin, x, _ = _model()
     model = torch.nn.Sequential(lin, torch.nn.ReLU())
-    assert op_graph(model, x, device_type="cpu") == """\
+    assert (
+        op_graph(model, x, device_type="cpu")
+        == """\
 digraph ops {
   node [shape=box, fontname="monospace"];
   t0 [label="0.bias\\nf32[3]", shape=ellipse];
@@ -203,6 +220,7 @@ digraph ops {
   n4 -> n5;
 }
 """
+    )
 
 
 _INTEGRATED = hasattr(HpuAutocastMode, "report")
@@ -261,6 +279,7 @@ def test_mode_verbose_logs(caplog):
 def _flop_counter_total(fn) -> int:
     """The oracle: ``FlopCounterMode``'s count for ``fn()``, the same calls cast by hand."""
     from torch.utils.flop_counter import FlopCounterMode
+
     with FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
@@ -272,8 +291,9 @@ def test_flops_of_calls_fed_lower_beside_float32_weights_equal_torchs_counter():
     # The meta rerun must see the arguments as cast, or the op raises on the dtype mismatch
     # and the FLOPs go uncounted (issue 31, item 1).
     torch.manual_seed(0)
-    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
-                              torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+    cnn = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)
+    )
     img = torch.randn(2, 3, 12, 12)
     a, b, c = torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(2, 3, 5)
     q = torch.randn(1, 2, 3, 4)
@@ -281,7 +301,7 @@ def test_flops_of_calls_fed_lower_beside_float32_weights_equal_torchs_counter():
 
     def calls(other=lambda t: t, attention_device="cpu"):
         lower = lambda t: t.to(torch.bfloat16)  # noqa: E731
-        conv(lower(cnn(img)))                  # the second conv2d has a bias and a bf16 input
+        conv(lower(cnn(img)))  # the second conv2d has a bias and a bf16 input
         torch.bmm(lower(a), other(b))
         torch.baddbmm(other(c), lower(a), other(b))
         qd = q.to(attention_device)
@@ -301,12 +321,14 @@ def test_flops_of_calls_fed_lower_beside_float32_weights_equal_torchs_counter():
     assert r.lower_flop_share == 1.0
     assert not [w for w in r.warnings if "FLOPs unknown" in w]
 
+
 def test_report_shows_the_float32_dtype_policies():
     # softmax (fp32_set_opt_dtype) reads its bf16 input and computes in f32 with no cast; norm
     # (fp32_append_dtype) likewise, through norm.ScalarOpt_dtype; neither is warned about: reading
     # the lower-precision input is what the policy is for.
-    policy = build_policy("dtype kinds", lower=["mm"], fp32_set_opt_dtype=["softmax"], fp32_append_dtype=["norm"],
-                          device_type="cpu")
+    policy = build_policy(
+        "dtype kinds", lower=["mm"], fp32_set_opt_dtype=["softmax"], fp32_append_dtype=["norm"], device_type="cpu"
+    )
     x = torch.randn(2, 4)
     with record(policy=policy) as rec:
         y = torch.mm(x, x.t())
@@ -332,7 +354,8 @@ def test_report_script_covers_the_regions_the_script_opens_itself(tmp_path, caps
         "lin = torch.nn.Linear(4, 4)\n"
         "for _ in range(2):\n"
         "    with HpuAutocastMode(torch.bfloat16, policy='torch-cpu', device_type='cpu'):\n"
-        "        torch.mm(torch.randn(2, 4), lin.weight)\n")
+        "        torch.mm(torch.randn(2, 4), lin.weight)\n"
+    )
     assert main(["report", "--device-type", "cpu", str(script)]) == 0
     out = capsys.readouterr().out
     mm = [line.split() for line in out.splitlines() if line.startswith("aten.mm.default")]

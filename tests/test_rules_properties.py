@@ -25,15 +25,25 @@ LOWER_DTYPES = [torch.bfloat16, torch.float16]
 #: hpu with torch.amp's documented rule for explicit dtypes (a call passing one runs unchanged).
 HPU_LEAVE = dataclasses.replace(get_preset("hpu"), name="hpu (explicit dtype left)", explicit_dtype="leave")
 
-POLICY = build_policy("properties", lower=["mul", "maximum"], fp32=["atan2", "hypot"],
-                      promote=["add", "sub"])
-ACTIONS = {"mul": CastPolicy.LOWER, "maximum": CastPolicy.LOWER, "atan2": CastPolicy.FP32,
-           "hypot": CastPolicy.FP32, "add": CastPolicy.PROMOTE, "sub": CastPolicy.PROMOTE}
+POLICY = build_policy("properties", lower=["mul", "maximum"], fp32=["atan2", "hypot"], promote=["add", "sub"])
+ACTIONS = {
+    "mul": CastPolicy.LOWER,
+    "maximum": CastPolicy.LOWER,
+    "atan2": CastPolicy.FP32,
+    "hypot": CastPolicy.FP32,
+    "add": CastPolicy.PROMOTE,
+    "sub": CastPolicy.PROMOTE,
+}
 FLOAT_ONLY = {"atan2", "hypot"}  # no integer or bool kernels
 #: Each name's tensor-tensor overload (what ``torch.<name>(a, b)`` calls with two tensors).
-OVERLOADS = {"mul": torch.ops.aten.mul.Tensor, "maximum": torch.ops.aten.maximum.default,
-             "atan2": torch.ops.aten.atan2.default, "hypot": torch.ops.aten.hypot.default,
-             "add": torch.ops.aten.add.Tensor, "sub": torch.ops.aten.sub.Tensor}
+OVERLOADS = {
+    "mul": torch.ops.aten.mul.Tensor,
+    "maximum": torch.ops.aten.maximum.default,
+    "atan2": torch.ops.aten.atan2.default,
+    "hypot": torch.ops.aten.hypot.default,
+    "add": torch.ops.aten.add.Tensor,
+    "sub": torch.ops.aten.sub.Tensor,
+}
 
 
 def pair(name):
@@ -42,6 +52,7 @@ def pair(name):
     dimensions of size 1 to 4. Unchecked: torch's refusals (bool subtraction) are outcomes here."""
     calls = inputs_for(OVERLOADS[name], dtypes=DTYPES, mixed=True, device="cpu", check=False)
     return calls.map(lambda call: call[0][:2])
+
 
 def is_eligible(t) -> bool:
     return _is_eligible(t, "cpu")  # every tensor here is on the CPU, the regions' device
@@ -63,7 +74,7 @@ FAST = settings(max_examples=60, deadline=None)
 def broadcastable_shapes(draw):
     shape = draw(st.lists(st.integers(1, 4), min_size=0, max_size=3))
     other = [d if draw(st.booleans()) else 1 for d in shape]
-    return tuple(shape), tuple(other[draw(st.integers(0, len(other))):])
+    return tuple(shape), tuple(other[draw(st.integers(0, len(other))) :])
 
 
 def _tensor(shape, dtype, seed):
@@ -82,7 +93,7 @@ def _control(name, a, b, lower, action):
     target = _target(action, eligible, lower) if action is not None else None
     if target is PromoteError:
         return target
-    cast = (lambda t: t.to(target) if target is not None and is_eligible(t) else t)
+    cast = lambda t: t.to(target) if target is not None and is_eligible(t) else t
     return getattr(torch, name)(cast(a), cast(b))
 
 
@@ -96,8 +107,11 @@ def test_binary_op_follows_its_rule(name, data, lower):
 
 @pytest.mark.parametrize("name", sorted(ACTIONS))
 @settings(max_examples=20, deadline=None)
-@given(data=st.data(), lower=st.sampled_from(LOWER_DTYPES),
-       policy=policies(presets=[], ops=OVERLOADS.values(), max_changes=len(OVERLOADS)))
+@given(
+    data=st.data(),
+    lower=st.sampled_from(LOWER_DTYPES),
+    policy=policies(presets=[], ops=OVERLOADS.values(), max_changes=len(OVERLOADS)),
+)
 def test_binary_op_follows_any_drawn_policy(name, data, lower, policy):
     # The same statements for any valid policy over these ops, the op on any list or on none.
     a, b = data.draw(pair(name), label="a, b")
@@ -133,9 +147,15 @@ def _binary_op_follows_its_rule(name, a, b, lower, policy, action):
 
 
 @FAST
-@given(shapes=broadcastable_shapes(), da=st.sampled_from(DTYPES[:4]), db=st.sampled_from(DTYPES[:4]),
-       lower=st.sampled_from(LOWER_DTYPES), seed=st.integers(0, 2**16),
-       form=st.sampled_from(["inplace", "out", "dtype"]), preset=st.booleans())
+@given(
+    shapes=broadcastable_shapes(),
+    da=st.sampled_from(DTYPES[:4]),
+    db=st.sampled_from(DTYPES[:4]),
+    lower=st.sampled_from(LOWER_DTYPES),
+    seed=st.integers(0, 2**16),
+    form=st.sampled_from(["inplace", "out", "dtype"]),
+    preset=st.booleans(),
+)
 def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, seed, form, preset):
     # mul is LOWER in both policies; softmax is LOWER under hpu (so dtype= is tested there).
     # (hpu with torch.amp's documented rule for dtype=: test_explicit_dtype_cast has the bridge's.)
@@ -158,8 +178,12 @@ def test_ineligible_calls_equal_the_call_with_no_mode(shapes, da, db, lower, see
 
 
 @FAST
-@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), da=st.sampled_from(DTYPES[:4]),
-       db=st.sampled_from(DTYPES[:4]), seed=st.integers(0, 2**16))
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    da=st.sampled_from(DTYPES[:4]),
+    db=st.sampled_from(DTYPES[:4]),
+    seed=st.integers(0, 2**16),
+)
 def test_explicit_dtype_cast(shape, da, db, seed):
     # Policy.explicit_dtype="cast" (hpu, as Gaudi's Hpu_WrapFunction_): softmax, LOWER under
     # hpu, reads its eligible input in bfloat16 whatever dtype= says; float64 is not eligible.
@@ -208,8 +232,9 @@ def _same(out, control) -> bool:
     if out.dtype != control.dtype or out.shape != control.shape:
         return False
     # exp/rsqrt/pow give inf and NaN on some inputs: equal bit for bit, NaN where NaN.
-    return torch.equal(out, control) or (out.is_floating_point() and bool(
-        torch.all((out == control) | (out.isnan() & control.isnan()))))
+    return torch.equal(out, control) or (
+        out.is_floating_point() and bool(torch.all((out == control) | (out.isnan() & control.isnan())))
+    )
 
 
 @pytest.mark.parametrize("name", sorted(HPU_OPS))
@@ -218,16 +243,21 @@ def _same(out, control) -> bool:
 def test_hpu_preset_op_follows_its_seed_list(name, shapes, data):
     action, arity, fn = HPU_OPS[name]
     # Any dtype of DTYPES per input (eligible or not), alternating two broadcastable shapes.
-    tensors = [data.draw(eligible_tensors(shapes[i % 2], dtypes=DTYPES, device="cpu"), label=f"input {i}")
-               for i in range(arity)]
+    tensors = [
+        data.draw(eligible_tensors(shapes[i % 2], dtypes=DTYPES, device="cpu"), label=f"input {i}")
+        for i in range(arity)
+    ]
     dtypes = [t.dtype for t in tensors]
     with HpuAutocastMode(device_type="cpu"):
         out = _outcome(fn, tensors)
     # The hand-cast control: each eligible input cast to the rule's dtype, no mode.
     eligible = [t.dtype for t in tensors if is_eligible(t)]
     target = _target(action, eligible, torch.bfloat16)
-    control = target if target is PromoteError else _outcome(
-        fn, [t.to(target) if target is not None and is_eligible(t) else t for t in tensors])
+    control = (
+        target
+        if target is PromoteError
+        else _outcome(fn, [t.to(target) if target is not None and is_eligible(t) else t for t in tensors])
+    )
     assert _same(out, control), (out, control)
     if not eligible:
         # Nothing eligible (integers, bool, float64 only): exactly the call with no mode.
@@ -235,7 +265,8 @@ def test_hpu_preset_op_follows_its_seed_list(name, shapes, data):
     elif isinstance(out, torch.Tensor) and torch.float64 not in dtypes[:arity]:
         # The statements of seed 000's three registrations, in dtypes.
         expected = {CastPolicy.LOWER: torch.bfloat16, CastPolicy.FP32: torch.float32}.get(
-            action, functools.reduce(torch.promote_types, eligible))
+            action, functools.reduce(torch.promote_types, eligible)
+        )
         assert out.dtype == expected
 
 
@@ -248,8 +279,9 @@ def _iadd(a, b):
 
 
 @settings(max_examples=80, deadline=None)
-@given(shapes=broadcastable_shapes(), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
-       seed=st.integers(0, 2**16))
+@given(
+    shapes=broadcastable_shapes(), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES), seed=st.integers(0, 2**16)
+)
 def test_iadd_on_a_promote_list_keeps_its_first_input_dtype(shapes, da, db, seed):
     # Seed 000 lists iadd under promote (Gaudi's bridge ignores the name, so hpu does too); an
     # in-place op cannot change its self's dtype, so the other operand is cast to self's dtype
@@ -267,13 +299,15 @@ def test_iadd_on_a_promote_list_keeps_its_first_input_dtype(shapes, da, db, seed
 
 
 @FAST
-@given(dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), max_size=4),
-       lower=st.sampled_from(LOWER_DTYPES))
+@given(
+    dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), max_size=4),
+    lower=st.sampled_from(LOWER_DTYPES),
+)
 def test_compute_dtype(dtypes, lower):
     assert compute_dtype(CastPolicy.LOWER, dtypes, lower) is lower
     assert compute_dtype(CastPolicy.FP32, dtypes, lower) is torch.float32
     # Native autocast's promote: float32 wins; another lower dtype before any float32 raises.
-    before_f32 = dtypes[:dtypes.index(torch.float32)] if torch.float32 in dtypes else dtypes
+    before_f32 = dtypes[: dtypes.index(torch.float32)] if torch.float32 in dtypes else dtypes
     if any(d is not lower for d in before_f32):
         with pytest.raises(PromoteError, match="cannot promote"):
             compute_dtype(CastPolicy.PROMOTE, dtypes, lower)
@@ -284,9 +318,12 @@ def test_compute_dtype(dtypes, lower):
 
 
 @FAST
-@given(args=st.lists(st.sampled_from(["t", 1, 2.5, None, "dtype"]), max_size=4),
-       kw=st.dictionaries(st.sampled_from(["dim", "dtype", "out", "alpha"]), st.sampled_from(["t", 1, "dtype"]),
-                          max_size=3))
+@given(
+    args=st.lists(st.sampled_from(["t", 1, 2.5, None, "dtype"]), max_size=4),
+    kw=st.dictionaries(
+        st.sampled_from(["dim", "dtype", "out", "alpha"]), st.sampled_from(["t", 1, "dtype"]), max_size=3
+    ),
+)
 def test_has_explicit_dtype(args, kw):
     def make(v):
         return torch.zeros(1) if v == "t" else torch.float32 if v == "dtype" else v

@@ -16,8 +16,19 @@ from hypothesis import strategies as st
 
 import hpu_autocast
 from hpu_autocast import CastPolicy, HpuAutocastMode, Policy
-from hpu_autocast.testing import (Deviation, Deviations, Kind, PolicyViolation, assert_follows_policy, check_policy,
-                                  eligible_tensors, inputs_for, model_inputs, policies, watch_policy)
+from hpu_autocast.testing import (
+    Deviation,
+    Deviations,
+    Kind,
+    PolicyViolation,
+    assert_follows_policy,
+    check_policy,
+    eligible_tensors,
+    inputs_for,
+    model_inputs,
+    policies,
+    watch_policy,
+)
 
 pytest_plugins = ["pytester"]
 
@@ -97,6 +108,7 @@ def _step(model):
         loss = model(x, y)
         loss.backward()
         return loss
+
     return step
 
 
@@ -108,10 +120,15 @@ def test_a_float64_layer_deep_inside_is_reported_with_its_op_why_and_module_path
     assert str(found) == (
         "1 deviation from policy 'hpu' (bf16):\n"
         "  dtype  encoder.layers.1.mlp.proj  aten.linear.default  f64,f64,f64 -> f64, policy bf16: "
-        "the model's own cast (bf16 -> f64 in encoder.layers.1.mlp)")
+        "the model's own cast (bf16 -> f64 in encoder.layers.1.mlp)"
+    )
     (d,) = found
-    assert (d.kind, d.op, d.module, d.why) == (Kind.DTYPE, aten.linear.default, "encoder.layers.1.mlp.proj",
-                                               "the model's own cast")
+    assert (d.kind, d.op, d.module, d.why) == (
+        Kind.DTYPE,
+        aten.linear.default,
+        "encoder.layers.1.mlp.proj",
+        "the model's own cast",
+    )
     assert (d.inputs, d.compute, d.expected) == ((torch.float64,) * 3, torch.float64, torch.bfloat16)
 
 
@@ -146,23 +163,35 @@ class Scaled(nn.Module):
 def test_float64_from_a_buffer_names_the_buffer():
     found = check_policy(Scaled(), torch.ones(3, 4))
     # hpu lists mul as lower: x is cast to bf16, the float64 buffer is not, the product is f64.
-    assert str(found) == ("1 deviation from policy 'hpu' (bf16):\n"
-                          "  dtype  (root)  aten.mul.Tensor  f32,f64 -> f64, policy bf16: float64 inputs (buffer scale)")
+    assert str(found) == (
+        "1 deviation from policy 'hpu' (bf16):\n"
+        "  dtype  (root)  aten.mul.Tensor  f32,f64 -> f64, policy bf16: float64 inputs (buffer scale)"
+    )
 
 
 def test_float64_from_the_caller_names_the_input():
     x = torch.randn(3, 3, dtype=torch.float64)
     (d,) = check_policy(lambda a: torch.mm(a, a), x)
-    assert (d.op, d.module, d.why, d.source) == (aten.mm.default, None, "float64 inputs", "the caller's input inputs[0]")
-    assert str(d) == "dtype  -  aten.mm.default  f64,f64 -> f64, policy bf16: float64 inputs (the caller's input inputs[0])"
+    assert (d.op, d.module, d.why, d.source) == (
+        aten.mm.default,
+        None,
+        "float64 inputs",
+        "the caller's input inputs[0]",
+    )
+    assert (
+        str(d)
+        == "dtype  -  aten.mm.default  f64,f64 -> f64, policy bf16: float64 inputs (the caller's input inputs[0])"
+    )
 
 
 def test_a_policy_default_is_checked_like_a_list():
     # hmp-O2 runs every op on no list in float32 (its default): relu of a float64 value did not.
     found = check_policy(lambda x: torch.relu(x.double()), torch.randn(3), policy="hmp-O2")
-    assert str(found) == ("1 deviation from policy 'hmp-O2' (bf16):\n"
-                          "  dtype  -  aten.relu.default  f64 -> f64, policy f32: the model's own cast "
-                          "(f32 -> f64 outside modules)")
+    assert str(found) == (
+        "1 deviation from policy 'hmp-O2' (bf16):\n"
+        "  dtype  -  aten.relu.default  f64 -> f64, policy f32: the model's own cast "
+        "(f32 -> f64 outside modules)"
+    )
     assert not check_policy(lambda x: torch.relu(x.double()), torch.randn(3), policy="hpu")  # relu: on no list
 
 
@@ -170,8 +199,9 @@ def test_integer_inputs_with_a_floating_result():
     # mul is lower under hpu; an integer tensor times a Python float has no floating tensor to
     # cast, and computes in float32. An integer product is exact: not reported.
     found = check_policy(lambda t: (t * 0.5, t * 2), torch.arange(4))
-    assert str(found) == ("1 deviation from policy 'hpu' (bf16):\n"
-                          "  dtype  -  aten.mul.Tensor  i64 -> f32, policy bf16: integer inputs")
+    assert str(found) == (
+        "1 deviation from policy 'hpu' (bf16):\n  dtype  -  aten.mul.Tensor  i64 -> f32, policy bf16: integer inputs"
+    )
 
 
 def test_explicit_dtype():
@@ -181,9 +211,11 @@ def test_explicit_dtype():
     leave = dataclasses.replace(hpu_autocast.get_preset("hpu"), name="hpu (leave)", explicit_dtype="leave")
     found = check_policy(lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3), policy=leave)
     assert [(str(d.op), d.why, d.compute, d.expected) for d in found] == [
-        ("aten.softmax.int", "explicit dtype", torch.float32, torch.bfloat16)]
-    assert not check_policy(lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3),
-                            ignore=["explicit dtype"], policy=leave)
+        ("aten.softmax.int", "explicit dtype", torch.float32, torch.bfloat16)
+    ]
+    assert not check_policy(
+        lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3), ignore=["explicit dtype"], policy=leave
+    )
     # hpu casts the input as Gaudi's bridge does: the call follows the policy.
     assert not check_policy(lambda x: torch.softmax(x, -1, dtype=torch.float32), torch.randn(2, 3))
 
@@ -207,23 +239,31 @@ def test_disabled_block(how, op):
     # model called ("ineligible: disabled"). A disabled region of its own (disable_casts) makes
     # no events: the call is seen below the engine, as the addmm linear decomposes into, which
     # torch-cpu lists too. Either ran in float32.
-    assert str(found) == ("1 deviation from policy 'torch-cpu' (bf16):\n"
-                          f"  dtype  inner  aten.{op}.default  f32,f32,f32 -> f32, policy bf16: disabled block")
+    assert str(found) == (
+        "1 deviation from policy 'torch-cpu' (bf16):\n"
+        f"  dtype  inner  aten.{op}.default  f32,f32,f32 -> f32, policy bf16: disabled block"
+    )
 
 
 def test_rounded_input_from_the_models_own_cast():
     found = check_policy(lambda x: torch.exp(F.relu(x.bfloat16())), torch.randn(4))
     # exp is fp32 under hpu; its input was rounded by the model, passed through relu (unlisted).
-    assert str(found) == ("1 deviation from policy 'hpu' (bf16):\n"
-                          "  rounded  -  aten.exp.default  bf16 -> f32, policy f32: the model's own cast "
-                          "(self: f32 -> bf16 outside modules)")
+    assert str(found) == (
+        "1 deviation from policy 'hpu' (bf16):\n"
+        "  rounded  -  aten.exp.default  bf16 -> f32, policy f32: the model's own cast "
+        "(self: f32 -> bf16 outside modules)"
+    )
 
 
 def test_rounded_input_from_a_lower_precision_parameter():
     emb = nn.Embedding(10, 4).bfloat16()
     (d,) = check_policy(emb, torch.tensor([[1, 2, 3]]))
-    assert (d.kind, d.op, d.why, d.source) == (Kind.ROUNDED, aten.embedding.default, "lower-precision inputs",
-                                               "weight: parameter weight")
+    assert (d.kind, d.op, d.why, d.source) == (
+        Kind.ROUNDED,
+        aten.embedding.default,
+        "lower-precision inputs",
+        "weight: parameter weight",
+    )
 
 
 def test_lower_precision_made_by_the_policy_is_not_rounding():
@@ -257,8 +297,9 @@ def test_write_cast():
     m = Ema()
     found = check_policy(m, torch.randn(3, 4))
     # mul is lower under hpu: the new average is bf16, and so is the buffer now.
-    assert str(found) == ("1 deviation from policy 'hpu' (bf16):\n"
-                          "  write  (root)  -  f32 -> bf16: write cast (buffer ema)")
+    assert str(found) == (
+        "1 deviation from policy 'hpu' (bf16):\n  write  (root)  -  f32 -> bf16: write cast (buffer ema)"
+    )
     assert m.ema.dtype == torch.bfloat16  # the state left is the mode run's
 
 
@@ -276,8 +317,10 @@ def test_inf_nan_the_float32_run_does_not_have():
         model[0].weight.fill_(300.0)
     found = check_policy(model, x, dtype=torch.float16, policy="torch-cpu")
     # 8 * 300 * 300 = 720000 overflows float16 (max 65504) in the addmm linear decomposes to.
-    assert str(found) == ("1 deviation from policy 'torch-cpu' (f16):\n"
-                          "  non-finite  0  aten.addmm.default  f16,f16,f16 -> f16: inf/nan (output out)")
+    assert str(found) == (
+        "1 deviation from policy 'torch-cpu' (f16):\n"
+        "  non-finite  0  aten.addmm.default  f16,f16,f16 -> f16: inf/nan (output out)"
+    )
     assert not check_policy(model, x, dtype=torch.float16, policy="torch-cpu", ignore=["non-finite"])
 
 
@@ -303,13 +346,23 @@ def test_watch_policy_counts_repeated_calls_once():
             model(torch.randn(2, 4))
     assert str(w.deviations) == (
         "1 deviation from policy 'torch-cpu' (bf16):\n"
-        "  dtype  model.inner  aten.linear.default  f32,f32,f32 -> f32, policy bf16: disabled block, 3 calls")
+        "  dtype  model.inner  aten.linear.default  f32,f32,f32 -> f32, policy bf16: disabled block, 3 calls"
+    )
     assert isinstance(w.mode, HpuAutocastMode)
 
 
 def test_deviation_strings():
-    d = Deviation(Kind.DTYPE, aten.mm.default, "a.b", "float64 inputs", (torch.float64, torch.float32),
-                  torch.float64, torch.bfloat16, "buffer a.b.s", 2)
+    d = Deviation(
+        Kind.DTYPE,
+        aten.mm.default,
+        "a.b",
+        "float64 inputs",
+        (torch.float64, torch.float32),
+        torch.float64,
+        torch.bfloat16,
+        "buffer a.b.s",
+        2,
+    )
     assert str(d) == "dtype  a.b  aten.mm.default  f64,f32 -> f64, policy bf16: float64 inputs (buffer a.b.s), 2 calls"
     assert str(Deviations([], "hpu", torch.bfloat16)) == "no deviations from policy 'hpu' (bf16)"
 
@@ -327,8 +380,9 @@ def test_drawn_policies_are_valid_and_run(policy):
 
 
 @FAST
-@given(policy=policies(presets=[], ops=[aten.mul.Tensor, aten.add.Tensor, aten.exp.default], max_changes=3),
-       data=st.data())
+@given(
+    policy=policies(presets=[], ops=[aten.mul.Tensor, aten.add.Tensor, aten.exp.default], max_changes=3), data=st.data()
+)
 def test_drawn_policies_are_followed(policy, data):
     # Any policy over these three ops: each runs in the dtype its list gives, or is unlisted.
     x = data.draw(eligible_tensors(dtypes=[torch.float32]), label="x")
@@ -352,10 +406,21 @@ def test_eligible_tensors(data):
     assert hpu_autocast.policies.rules.is_eligible(t, t.device.type)
 
 
-@pytest.mark.parametrize("op", [aten.mm.default, aten.addmm.default, aten.linear.default, aten.conv2d.default,
-                                aten.layer_norm.default, aten.scaled_dot_product_attention.default,
-                                aten.embedding.default, aten.softmax.int, aten.atan2.default],
-                         ids=str)
+@pytest.mark.parametrize(
+    "op",
+    [
+        aten.mm.default,
+        aten.addmm.default,
+        aten.linear.default,
+        aten.conv2d.default,
+        aten.layer_norm.default,
+        aten.scaled_dot_product_attention.default,
+        aten.embedding.default,
+        aten.softmax.int,
+        aten.atan2.default,
+    ],
+    ids=str,
+)
 def test_inputs_for_are_accepted(op):
     @settings(max_examples=8, deadline=None)
     @given(call=inputs_for(op))
@@ -363,20 +428,28 @@ def test_inputs_for_are_accepted(op):
         args, kwargs = call
         out = op(*args, **kwargs)
         assert isinstance(out, torch.Tensor)
+
     runs()
 
 
 def test_inputs_for_an_op_with_no_rule():
-    with pytest.raises(ValueError, match=r"inputs_for\(aten.reflection_pad1d.default\): no rule for a required "
-                                         r"argument padding: List\[int\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"inputs_for\(aten.reflection_pad1d.default\): no rule for a required "
+        r"argument padding: List\[int\]",
+    ):
         inputs_for(aten.reflection_pad1d.default)
 
 
 @FAST
 @given(data=st.data())
 def test_model_inputs_vary_batch_and_sequence(data):
-    example = {"ids": torch.randint(3, 9, (2, 5)), "mask": torch.ones(2, 5, dtype=torch.bool),
-               "labels": torch.tensor([0, 1]), "x": torch.randn(2, 5, 4)}
+    example = {
+        "ids": torch.randint(3, 9, (2, 5)),
+        "mask": torch.ones(2, 5, dtype=torch.bool),
+        "labels": torch.tensor([0, 1]),
+        "x": torch.randn(2, 5, 4),
+    }
     drawn = data.draw(model_inputs(example, batch=(1, 4), seq=(1, 16)))
     b, s = drawn["ids"].shape
     assert 1 <= b <= 4 and 1 <= s <= 16
@@ -387,9 +460,14 @@ def test_model_inputs_vary_batch_and_sequence(data):
 
 # --- imports and the pytest plugin ---------------------------------------------------------------
 def _imports(code: str) -> set:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True, cwd=ROOT,
-                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""},
+    )
     return set(out.stdout.split())
 
 
@@ -397,9 +475,11 @@ def _imports(code: str) -> set:
 def test_importing_testing_or_the_plugin_does_not_import_hypothesis():
     # One interpreter: the plugin alone (what pytest loads in every run) imports neither torch
     # nor hypothesis; hpu_autocast.testing imports torch, and hypothesis only for a strategy.
-    loaded = _imports("import pytest_hpu_autocast, sys\n"
-                      "assert 'torch' not in sys.modules and 'hypothesis' not in sys.modules\n"
-                      "import hpu_autocast.testing")
+    loaded = _imports(
+        "import pytest_hpu_autocast, sys\n"
+        "assert 'torch' not in sys.modules and 'hypothesis' not in sys.modules\n"
+        "import hpu_autocast.testing"
+    )
     assert "pytest_hpu_autocast" in loaded and "hpu_autocast.testing" in loaded and "hypothesis" not in loaded
 
 
@@ -408,7 +488,7 @@ def test_the_plugin_is_an_entry_point():
     assert '[project.entry-points.pytest11]\npytest_hpu_autocast = "pytest_hpu_autocast"' in text
 
 
-FIXTURE_TESTS = '''
+FIXTURE_TESTS = """
 import pytest, torch
 import hpu_autocast
 
@@ -436,24 +516,29 @@ def test_without_the_fixture():
     assert not hpu_autocast.is_enabled()
     with torch.autocast("cpu", enabled=False):
         torch.mm(torch.randn(2, 2), torch.randn(2, 2))
-'''
+"""
 
 
 def test_the_fixture_passes_and_fails(pytester):
     pytester.makepyfile(test_user=FIXTURE_TESTS)
     result = pytester.runpytest("-p", "pytest_hpu_autocast", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=5, failed=1)
-    result.stdout.fnmatch_lines([
-        "*PolicyViolation: 1 deviation from policy 'hpu' (bf16):",
-        "*dtype  -  aten.mm.default  f32,f32 -> f32, policy bf16: disabled block",
-        "FAILED test_user.py::test_disabled_block*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*PolicyViolation: 1 deviation from policy 'hpu' (bf16):",
+            "*dtype  -  aten.mm.default  f32,f32 -> f32, policy bf16: disabled block",
+            "FAILED test_user.py::test_disabled_block*",
+        ]
+    )
 
 
 # --- the example ---------------------------------------------------------------------------------
 def _example():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("property_test_example", ROOT / "examples" / "property_test_example.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "property_test_example", ROOT / "examples" / "property_test_example.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -473,7 +558,8 @@ def test_the_example_property_holds_for_its_example_and_finds_a_float64_head():
         "3 deviations from policy 'hpu' (bf16):\n"
         "  dtype  head.proj  aten.linear.default  f64,f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in head)\n"
         "  dtype  (backward)  aten.mm.default  f64,f64 -> f64, policy bf16: float64 inputs (parameter head.proj.weight)\n"
-        "  dtype  (backward)  aten.mm.default  f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in head)")
+        "  dtype  (backward)  aten.mm.default  f64,f64 -> f64, policy bf16: the model's own cast (f32 -> f64 in head)"
+    )
 
 
 @pytest.mark.parametrize("ignore", ["explicit dtype", ("explicit dtype",)], ids=["string", "tuple"])
@@ -491,8 +577,9 @@ def test_ignore_takes_one_why_as_a_string(ignore):
 #: neither casts its input, both compute in float32, as an FP32 op does. (norm.Scalar is called as
 #: itself: torch.norm reaches linalg_vector_norm instead.)
 KIND_OPS = {"sum": (torch.sum, aten.sum.default), "norm": (aten.norm.Scalar, aten.norm.Scalar)}
-DTYPE_KINDS = hpu_autocast.build_policy("dtype kinds", fp32_set_opt_dtype=["sum"], fp32_append_dtype=["norm"],
-                                        device_type="cpu")
+DTYPE_KINDS = hpu_autocast.build_policy(
+    "dtype kinds", fp32_set_opt_dtype=["sum"], fp32_append_dtype=["norm"], device_type="cpu"
+)
 
 
 @pytest.mark.parametrize("op", KIND_OPS)
@@ -505,17 +592,25 @@ def test_the_float32_dtype_kinds_report_float64_inputs(op):
     call, overload = KIND_OPS[op]
     # The first argument is float64, not eligible: the op runs in float64 (the policy intends f32).
     (d,) = check_policy(lambda x: call(x.double()), torch.randn(2, 3), policy=DTYPE_KINDS)
-    assert (d.kind, d.op, d.why, d.compute, d.expected) == (Kind.DTYPE, overload, "the model's own cast",
-                                                            torch.float64, torch.float32)
+    assert (d.kind, d.op, d.why, d.compute, d.expected) == (
+        Kind.DTYPE,
+        overload,
+        "the model's own cast",
+        torch.float64,
+        torch.float32,
+    )
 
 
 def test_fp32_set_opt_dtype_reports_a_dtype_the_call_sets():
     # The rule keeps a dtype= the call gives (ATen's set_opt_dtype): sum ran in bfloat16.
     found = check_policy(lambda x: x.sum(dtype=torch.bfloat16), torch.randn(2, 3), policy=DTYPE_KINDS)
-    assert str(found) == ("1 deviation from policy 'dtype kinds' (bf16):\n"
-                          "  dtype  -  aten.sum.default  f32 -> bf16, policy f32: explicit dtype")
-    assert not check_policy(lambda x: x.sum(dtype=torch.bfloat16), torch.randn(2, 3), policy=DTYPE_KINDS,
-                            ignore="explicit dtype")
+    assert str(found) == (
+        "1 deviation from policy 'dtype kinds' (bf16):\n"
+        "  dtype  -  aten.sum.default  f32 -> bf16, policy f32: explicit dtype"
+    )
+    assert not check_policy(
+        lambda x: x.sum(dtype=torch.bfloat16), torch.randn(2, 3), policy=DTYPE_KINDS, ignore="explicit dtype"
+    )
 
 
 @pytest.mark.parametrize("op", KIND_OPS)
@@ -523,17 +618,26 @@ def test_the_float32_dtype_kinds_report_rounded_inputs(op):
     call, overload = KIND_OPS[op]
     # Nothing is cast: the op reads the model's bfloat16 value as it is (and computes in f32).
     (d,) = check_policy(lambda x: call(F.relu(x.bfloat16())), torch.randn(4), policy=DTYPE_KINDS)
-    assert (d.kind, d.op, d.why, d.source) == (Kind.ROUNDED, overload, "the model's own cast",
-                                               "self: f32 -> bf16 outside modules")
+    assert (d.kind, d.op, d.why, d.source) == (
+        Kind.ROUNDED,
+        overload,
+        "the model's own cast",
+        "self: f32 -> bf16 outside modules",
+    )
     # The caller's bfloat16 input, likewise.
     (d,) = check_policy(lambda x: KIND_OPS[op][0](x), torch.randn(4).bfloat16(), policy=DTYPE_KINDS)
-    assert (d.kind, d.op, d.why, d.source) == (Kind.ROUNDED, overload, "lower-precision inputs",
-                                               "self: the caller's input inputs[0]")
+    assert (d.kind, d.op, d.why, d.source) == (
+        Kind.ROUNDED,
+        overload,
+        "lower-precision inputs",
+        "self: the caller's input inputs[0]",
+    )
 
 
 @pytest.mark.parametrize("op", KIND_OPS)
 def test_the_float32_dtype_kinds_report_a_disabled_block(op):
     call, overload = KIND_OPS[op]
+
     # No event in a disabled region of its own: the call is seen below the engine, in bfloat16.
     def fn(x):
         with hpu_autocast.disable_casts():
@@ -541,4 +645,5 @@ def test_the_float32_dtype_kinds_report_a_disabled_block(op):
 
     found = check_policy(fn, torch.randn(4), policy=DTYPE_KINDS)
     assert [(d.kind, d.op, d.why, d.compute, d.expected) for d in found] == [
-        (Kind.DTYPE, overload, "disabled block", torch.bfloat16, torch.float32)]
+        (Kind.DTYPE, overload, "disabled block", torch.bfloat16, torch.float32)
+    ]

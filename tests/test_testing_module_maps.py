@@ -14,8 +14,7 @@ import _real_models
 from hpu_autocast import HpuAutocastMode, first_last
 from hpu_autocast.module_map import parse_modules
 from hpu_autocast import get_preset
-from hpu_autocast.testing import (Kind, PolicyViolation, assert_follows_policy, check_policy, module_maps,
-                                  watch_policy)
+from hpu_autocast.testing import Kind, PolicyViolation, assert_follows_policy, check_policy, module_maps, watch_policy
 from hpu_autocast.testing._check import MAPPED, Watch
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -27,10 +26,10 @@ def _model():
 
 
 MAPS = [
-    {"2": torch.float32},                          # casting off, inputs cast up: the lower list in float32
-    {"2": "fp32", "3": torch.float16},             # a module in another lower dtype
-    {"0": None, "3": get_preset("torch-cpu")},     # off (inputs as they come); another policy
-    {"": torch.float32, "3": BF16},                # the root in float32, a module back in bf16 inside it
+    {"2": torch.float32},  # casting off, inputs cast up: the lower list in float32
+    {"2": "fp32", "3": torch.float16},  # a module in another lower dtype
+    {"0": None, "3": get_preset("torch-cpu")},  # off (inputs as they come); another policy
+    {"": torch.float32, "3": BF16},  # the root in float32, a module back in bf16 inside it
 ]
 
 
@@ -58,8 +57,9 @@ class Rogue(nn.Linear):
 def test_a_float32_module_computing_in_bf16_is_a_deviation_naming_it():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), Rogue(4, 4))
-    found = check_policy(model, torch.randn(3, 4), dtype=BF16, policy="hpu", device_type="cpu",
-                         modules={"1": torch.float32})
+    found = check_policy(
+        model, torch.randn(3, 4), dtype=BF16, policy="hpu", device_type="cpu", modules={"1": torch.float32}
+    )
     assert len(found) == 1, found
     d = found[0]
     assert (d.kind, d.module, d.why, d.compute, d.expected) == (Kind.DTYPE, "1", MAPPED, BF16, F32)
@@ -67,11 +67,19 @@ def test_a_float32_module_computing_in_bf16_is_a_deviation_naming_it():
     # docs/testing.md shows this line (the calls below the engine: addmm, the casts' outputs).
     assert str(d) == "dtype  1  aten.addmm.default  bf16,bf16,bf16 -> bf16, policy f32: mapped module (1 -> float32)"
     with pytest.raises(PolicyViolation, match="mapped module"):
-        assert_follows_policy(model, torch.randn(3, 4), dtype=BF16, policy="hpu", device_type="cpu",
-                              modules={"*1": torch.float32})
+        assert_follows_policy(
+            model, torch.randn(3, 4), dtype=BF16, policy="hpu", device_type="cpu", modules={"*1": torch.float32}
+        )
     # ignore= takes the why, as any other.
-    assert not check_policy(model, torch.randn(3, 4), dtype=BF16, policy="hpu", device_type="cpu",
-                            modules={"1": torch.float32}, ignore=MAPPED)
+    assert not check_policy(
+        model,
+        torch.randn(3, 4),
+        dtype=BF16,
+        policy="hpu",
+        device_type="cpu",
+        modules={"1": torch.float32},
+        ignore=MAPPED,
+    )
 
 
 def test_a_region_without_the_map_is_judged_by_the_map():
@@ -81,8 +89,9 @@ def test_a_region_without_the_map_is_judged_by_the_map():
     w = Watch(get_preset("hpu"), BF16, "cpu", {"": model}, module_map=parse_modules({"2": F32}, BF16))
     with w.running():
         model(torch.randn(3, 4))
-    assert [(d.module, d.why, str(d.op), d.compute, d.expected) for d in w.deviations] == \
-        [("2", MAPPED, "aten.linear.default", BF16, F32)]
+    assert [(d.module, d.why, str(d.op), d.compute, d.expected) for d in w.deviations] == [
+        ("2", MAPPED, "aten.linear.default", BF16, F32)
+    ]
 
 
 def test_a_module_mapped_to_another_dtype_is_judged_in_it():
@@ -104,18 +113,24 @@ def test_gpt2_with_first_last_in_fp8_follows_its_map_and_not_without_it():
     kwargs = dict(dtype=torch.float8_e4m3fn, policy="hpu", device_type="cpu", reference=False)
     assert not check_policy(lambda: step(**inputs), modules=first_last(BF16), **kwargs)
     # The same map judged, the region run without it: the two bf16 modules computed in fp8.
-    w = Watch(get_preset("hpu"), torch.float8_e4m3fn, "cpu", {"": model},
-              module_map=parse_modules(first_last(BF16), torch.float8_e4m3fn))
+    w = Watch(
+        get_preset("hpu"),
+        torch.float8_e4m3fn,
+        "cpu",
+        {"": model},
+        module_map=parse_modules(first_last(BF16), torch.float8_e4m3fn),
+    )
     with w.running():
         step(**inputs)
     assert {(d.module, d.compute, d.expected) for d in w.deviations} == {
-        ("transformer.h.0.attn.c_attn", torch.float8_e4m3fn, BF16), ("lm_head", torch.float8_e4m3fn, BF16)}
+        ("transformer.h.0.attn.c_attn", torch.float8_e4m3fn, BF16),
+        ("lm_head", torch.float8_e4m3fn, BF16),
+    }
 
 
 def test_roots_and_a_map_in_one_modules_argument_are_refused():
     with pytest.raises(TypeError, match="not both"):
-        check_policy(_model(), torch.randn(3, 4), policy="hpu", device_type="cpu",
-                     modules={"m": _model(), "2": F32})
+        check_policy(_model(), torch.randn(3, 4), policy="hpu", device_type="cpu", modules={"m": _model(), "2": F32})
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -126,11 +141,17 @@ def test_any_map_of_dtypes_and_policies_is_followed(data):
     # float32 one ({"": fp32, "0": bf16}: "2" gets bf16 activations), as in the hand-edited model:
     # such maps are not examples of this property.
     model = _model()
-    modules = data.draw(module_maps(model, values=(torch.float32, "fp32", BF16, torch.float16),
-                                    presets=("torch-cpu",)))
+    modules = data.draw(module_maps(model, values=(torch.float32, "fp32", BF16, torch.float16), presets=("torch-cpu",)))
     try:
-        found = check_policy(model, torch.randn(3, 4), dtype=BF16, policy="hpu", device_type="cpu",
-                             modules=modules or None, reference=False)
+        found = check_policy(
+            model,
+            torch.randn(3, 4),
+            dtype=BF16,
+            policy="hpu",
+            device_type="cpu",
+            modules=modules or None,
+            reference=False,
+        )
     except RuntimeError as e:
         if "must have the same dtype" not in str(e):
             raise

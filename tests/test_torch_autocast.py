@@ -61,12 +61,14 @@ def no_leak():
     # Native state of the CPU (these tests' oracle) and of the default device (a GPU's, where
     # there is one): a region or a torch.autocast of either left on fails here.
     devices = {"cpu", default_device_type()}
-    assert not hpu_autocast.is_enabled() and not any(map(torch.is_autocast_enabled, devices)), \
+    assert not hpu_autocast.is_enabled() and not any(map(torch.is_autocast_enabled, devices)), (
         "casting outlived its test"
+    )
     assert torch.mm(*_ab()).dtype == torch.float32
 
 
 # --- opt-outs ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_an_opt_out_turns_casting_off_for_its_body_and_its_exit_back_on(policy):
@@ -88,17 +90,17 @@ def _levels(outer) -> list:
     a, b = _ab()
     seen = []
     with outer:
-        seen.append(torch.mm(a, b))                          # on
+        seen.append(torch.mm(a, b))  # on
         with torch.autocast("cpu", enabled=False):
-            seen.append(torch.mm(a, b))                      # off
+            seen.append(torch.mm(a, b))  # off
             with torch.autocast("cpu"):
-                seen.append(torch.mm(a, b))                  # on, inside the opt-out
+                seen.append(torch.mm(a, b))  # on, inside the opt-out
                 with torch.autocast("cpu", enabled=False):
-                    seen.append(torch.mm(a, b))              # off
-                seen.append(torch.mm(a, b))                  # on
-            seen.append(torch.mm(a, b))                      # off
-        seen.append(torch.mm(a, b))                          # on
-    seen.append(torch.mm(a, b))                              # outside
+                    seen.append(torch.mm(a, b))  # off
+                seen.append(torch.mm(a, b))  # on
+            seen.append(torch.mm(a, b))  # off
+        seen.append(torch.mm(a, b))  # on
+    seen.append(torch.mm(a, b))  # outside
     return seen
 
 
@@ -142,6 +144,7 @@ def test_an_opt_out_for_another_device_type_leaves_cpu_casting_on(policy):
 
 # --- guards --------------------------------------------------------------------------------------
 
+
 def _getter_devices() -> tuple:
     """Every device type torch's ``is_autocast_enabled`` accepts (asked outside any region)."""
     accepted = []
@@ -159,13 +162,15 @@ GETTER_DEVICES = _getter_devices()
 
 def _guards() -> tuple:
     """What code written for torch.autocast asks, and what an mm gives here."""
-    return (*(torch.is_autocast_enabled(d) for d in GETTER_DEVICES),
-            torch.is_autocast_enabled("cpu"),
-            torch.is_autocast_enabled(device_type="cpu"),
-            torch.is_autocast_enabled(),                     # no argument: "cuda", as in torch
-            torch.get_autocast_dtype("cpu"),
-            torch._C._is_any_autocast_enabled(),
-            torch.mm(*_ab()).dtype)
+    return (
+        *(torch.is_autocast_enabled(d) for d in GETTER_DEVICES),
+        torch.is_autocast_enabled("cpu"),
+        torch.is_autocast_enabled(device_type="cpu"),
+        torch.is_autocast_enabled(),  # no argument: "cuda", as in torch
+        torch.get_autocast_dtype("cpu"),
+        torch._C._is_any_autocast_enabled(),
+        torch.mm(*_ab()).dtype,
+    )
 
 
 def _outside(open_):
@@ -205,12 +210,12 @@ def _another_thread(open_):
         return _in_another_thread(_guards)
 
 
-SITUATIONS = [_outside, _inside, _disabled, _opted_out, _opted_out_and_in_again, _after_an_opt_out,
-              _another_thread]
+SITUATIONS = [_outside, _inside, _disabled, _opted_out, _opted_out_and_in_again, _after_an_opt_out, _another_thread]
 
 
-@pytest.mark.parametrize("policy, dtype", [("torch-cpu", torch.bfloat16), ("torch-cpu", torch.float16),
-                                           ("hpu", torch.bfloat16)], ids=str)
+@pytest.mark.parametrize(
+    "policy, dtype", [("torch-cpu", torch.bfloat16), ("torch-cpu", torch.float16), ("hpu", torch.bfloat16)], ids=str
+)
 @pytest.mark.parametrize("situation", SITUATIONS, ids=lambda s: s.__name__.strip("_"))
 def test_guards_answer_as_native_autocast_does(situation, policy, dtype):
     # Failed with is_autocast_enabled unpatched (inside: False, native True), with get_autocast_dtype
@@ -228,7 +233,7 @@ def test_guards_answer_as_native_autocast_does(situation, policy, dtype):
     if situation is _disabled:
         # Not faithful: natively a disabled torch.autocast still sets its dtype; a disabled
         # region owns no autocast state, so torch answers with its own (its default, bfloat16).
-        expected = expected[:n + 3] + (torch.bfloat16,) + expected[n + 4:]
+        expected = expected[: n + 3] + (torch.bfloat16,) + expected[n + 4 :]
     assert situation(ours) == expected
     on = situation in (_inside, _opted_out_and_in_again, _after_an_opt_out)
     assert expected[n] is on and expected[n + 4] is on  # the oracle: on exactly where casting is
@@ -261,6 +266,7 @@ def test_the_no_argument_guard_asks_about_cuda():
 
 
 # --- torch.clear_autocast_cache -------------------------------------------------------------------
+
 
 def _update_and_clear(open_, clear: bool = True):
     """A weight used, updated in place, the cache cleared (or not), used again; and its gradient."""
@@ -295,6 +301,7 @@ def test_clear_autocast_cache_inside_a_region_clears_its_cache(clear):
 # --- RNNs without oneDNN -------------------------------------------------------------------------
 # Without oneDNN, aten::lstm and aten::gru run their cells in C++ and call at::linear from there;
 # a GRU fed an LSTM's output gets what the LSTM's casts made (bfloat16 under hpu).
+
 
 def _lstm_then_gru(region) -> list:
     torch.manual_seed(0)
@@ -430,8 +437,13 @@ def test_an_hpu_region_casts_the_same_after_a_torch_cpu_region():
     # were cast in a fresh process and not after a torch-cpu region had registered a kernel for
     # it. Now hpu runs the fused op whole, promoted (Note [fused fast paths] in _ops), before and
     # after alike. A fresh process: this one has run torch-cpu already.
-    out = subprocess.run([sys.executable, "-c", _MHA_AFTER_TORCH_CPU], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _MHA_AFTER_TORCH_CPU],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    ).stdout
     assert out.split() == ["torch.float32", "torch.float32", "True"]
 
 
@@ -465,9 +477,11 @@ def test_an_op_registered_after_a_region_opened_is_honoured_by_the_next(lib):
 # --- the patches, installed only while a region is open -------------------------------------------
 #: The generator non-reentrant checkpoint calls (torch 2.14 added ``_impl``; the old name became
 #: a shim it no longer calls), read from torch, not from the package.
-_GENERATOR = ("_checkpoint_without_reentrant_generator_impl"
-              if hasattr(torch_checkpoint, "_checkpoint_without_reentrant_generator_impl")
-              else "_checkpoint_without_reentrant_generator")
+_GENERATOR = (
+    "_checkpoint_without_reentrant_generator_impl"
+    if hasattr(torch_checkpoint, "_checkpoint_without_reentrant_generator_impl")
+    else "_checkpoint_without_reentrant_generator"
+)
 #: What is patched while a region is open, as torch had it when this module was imported (no
 #: region is open at collection; _torch_autocast.PATCHED must name no more than this).
 TORCH_OWN = {
@@ -481,21 +495,30 @@ TORCH_OWN = {
     (torch_checkpoint, "CheckpointFunction"): torch_checkpoint.CheckpointFunction,
 }
 #: The deprecated per-device spellings, which are not patched (see the limits below).
-NOT_PATCHED = {(torch, name): getattr(torch, name) for name in (
-    "is_autocast_cpu_enabled", "get_autocast_cpu_dtype", "get_autocast_gpu_dtype", "is_autocast_cache_enabled")}
+NOT_PATCHED = {
+    (torch, name): getattr(torch, name)
+    for name in (
+        "is_autocast_cpu_enabled",
+        "get_autocast_cpu_dtype",
+        "get_autocast_gpu_dtype",
+        "is_autocast_cache_enabled",
+    )
+}
 
 
 def _torchs_own() -> bool:
     """Whether every patched name is torch's own object again, and no optimizer hook is left."""
-    return (all(getattr(owner, name) is own for (owner, name), own in TORCH_OWN.items())
-            and not any("hpu_autocast" in hooks for hooks in (torch_optimizer._global_optimizer_pre_hooks,
-                                                              torch_optimizer._global_optimizer_post_hooks)))
+    return all(getattr(owner, name) is own for (owner, name), own in TORCH_OWN.items()) and not any(
+        "hpu_autocast" in hooks
+        for hooks in (torch_optimizer._global_optimizer_pre_hooks, torch_optimizer._global_optimizer_post_hooks)
+    )
 
 
 def _patched() -> bool:
     """Whether every patched name is replaced (and the deprecated getters are not)."""
-    return (all(getattr(owner, name) is not own for (owner, name), own in TORCH_OWN.items())
-            and all(getattr(owner, name) is own for (owner, name), own in NOT_PATCHED.items()))
+    return all(getattr(owner, name) is not own for (owner, name), own in TORCH_OWN.items()) and all(
+        getattr(owner, name) is own for (owner, name), own in NOT_PATCHED.items()
+    )
 
 
 def test_torch_is_patched_only_while_a_region_is_open():
@@ -604,6 +627,7 @@ def test_a_checkpoint_recomputes_under_the_regions_policy_not_natives(reentrant)
 
 # --- native autocast around a region -------------------------------------------------------------
 
+
 def test_native_autocast_is_suspended_inside_a_region_and_back_after_it():
     # mm on the region's fp32 list, on native's lower list: the region decides inside, native
     # after. Failed with the suspension removed from _regions.enter (mm lowered inside).
@@ -644,6 +668,7 @@ def test_under_hpu_ops_follow_gaudis_lists_not_natives_inside_native_autocast():
 # torch.amp.custom_fwd/custom_bwd work inside a region through the guards above, but custom_bwd
 # re-enters torch.autocast with the recorded dtype: a backward run after the region re-enters
 # native autocast, with torch's lists. hpu_autocast.amp's decorators re-enter the region's policy.
+
 
 def _function(fwd, bwd):
     class Scale(torch.autograd.Function):

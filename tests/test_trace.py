@@ -20,15 +20,20 @@ POLICIES = ["torch-cpu", "hpu"]
 
 def mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
-                               torch.nn.Linear(16, 3))
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 3))
 
 
 def convnet():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                               torch.nn.Conv2d(8, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                               torch.nn.Linear(4, 3))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 4, 3),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 3),
+    )
 
 
 def example(model):
@@ -52,6 +57,7 @@ def step_values(run, model, x):
 
 # -- the graph ---------------------------------------------------------------------------------
 
+
 def mm_softmax(a, b):
     return torch.mm(a, b).softmax(-1)
 
@@ -61,8 +67,7 @@ def test_casts_are_nodes_and_mm_takes_bf16():
     casts = cast_nodes(gm)
     # hpu: mm is on the lower list (both inputs cast, the last first, as native casts them),
     # softmax is unlisted (runs in bf16 as given).
-    assert [(str(n.args[0]), n.meta["val"].dtype) for n in casts] == [("b_1", torch.bfloat16),
-                                                                    ("a_1", torch.bfloat16)]
+    assert [(str(n.args[0]), n.meta["val"].dtype) for n in casts] == [("b_1", torch.bfloat16), ("a_1", torch.bfloat16)]
     (mm,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default]
     assert [a.meta["val"].dtype for a in mm.args] == [torch.bfloat16, torch.bfloat16]
     assert list(mm.args) == casts[::-1]
@@ -73,13 +78,16 @@ def test_code_reads_as_the_ops_that_ran():
     # torch-cpu: mm is on the lower list (b cast before a, as native: make_fx of the same
     # function under torch.autocast("cpu") prints this text); softmax is on none of CPU
     # autocast's lists, so it runs in the dtype it is given.
-    assert gm.code.strip() == """\
+    assert (
+        gm.code.strip()
+        == """\
 def forward(self, a_1, b_1):
     _to_copy = torch.ops.aten._to_copy.default(b_1, dtype = torch.bfloat16);  b_1 = None
     _to_copy_1 = torch.ops.aten._to_copy.default(a_1, dtype = torch.bfloat16);  a_1 = None
     mm = torch.ops.aten.mm.default(_to_copy_1, _to_copy);  _to_copy_1 = _to_copy = None
     _softmax = torch.ops.aten._softmax.default(mm, -1, False);  mm = None
     return _softmax"""
+    )
 
 
 def test_module_tensors_are_named_and_shared():
@@ -110,8 +118,9 @@ def test_graph_calls_only_aten_and_runs_without_the_mode():
     seen = []
 
     def check(module, args):
-        seen.append((hpu_autocast.is_enabled(), torch._C._len_torch_dispatch_stack(),
-                     torch._C._len_torch_function_stack()))
+        seen.append(
+            (hpu_autocast.is_enabled(), torch._C._len_torch_dispatch_stack(), torch._C._len_torch_function_stack())
+        )
 
     gm.register_forward_pre_hook(check)
     gm(example(model))
@@ -140,6 +149,7 @@ def test_trace_inside_a_region_records_its_own_regions_casts():
 
 
 # -- values: the graph without the mode == eager under the mode ----------------------------------
+
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("make", [mlp, convnet])
@@ -186,6 +196,7 @@ def test_traced_training_step_matches_eager(policy, backward_in_region):
 
 
 # -- torch.compile of the graph --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("policy", POLICIES)

@@ -40,9 +40,9 @@ with warnings.catch_warnings():  # its import adds warning filters; keep the sui
 #: What torch says of the ops themselves when the oracle calls them (the registered ops include
 #: deprecated ones, and native's kernels warn alike under both runs): nothing about a region.
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*is deprecated in favor of:UserWarning"),     # torch.lu, qr, ...
+    pytest.mark.filterwarnings("ignore:.*is deprecated in favor of:UserWarning"),  # torch.lu, qr, ...
     pytest.mark.filterwarnings("ignore:Using torch.cross without specifying the dim arg:UserWarning"),
-    pytest.mark.filterwarnings("ignore:A window was not provided:UserWarning"),        # stft's sample
+    pytest.mark.filterwarnings("ignore:A window was not provided:UserWarning"),  # stft's sample
     pytest.mark.filterwarnings("ignore:stft with return_complex=False is deprecated:UserWarning"),
     pytest.mark.filterwarnings("ignore:PyTorch was compiled without cuDNN:UserWarning"),  # lstm, fake CUDA
     pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning"),  # native's own
@@ -59,9 +59,15 @@ SAMPLE_ALIASES = {"lstm_cell": "LSTMCell", "rnn_tanh_cell": "RNNCell"}
 #: Registered ops with no sample of their own, and why: on a GPU the public ops reach them
 #: (convolutions reach cuDNN's, SDPA its flash kernel, the RNN cells their fused kernels); on fake
 #: CUDA tensors a CPU build takes other paths, which the samples of those public ops trace.
-NOT_SAMPLED = {"_scaled_dot_product_flash_attention", "_thnn_fused_gru_cell", "_thnn_fused_lstm_cell",
-               "cudnn_convolution", "cudnn_convolution_transpose", "mkldnn_rnn_layer",
-               "_cudnn_rnn"}  # registered by CUDA builds (torch 2.14.1's wheel): nn.LSTM reaches it on a GPU
+NOT_SAMPLED = {
+    "_scaled_dot_product_flash_attention",
+    "_thnn_fused_gru_cell",
+    "_thnn_fused_lstm_cell",
+    "cudnn_convolution",
+    "cudnn_convolution_transpose",
+    "mkldnn_rnn_layer",
+    "_cudnn_rnn",
+}  # registered by CUDA builds (torch 2.14.1's wheel): nn.LSTM reaches it on a GPU
 
 #: OpInfo samples taken per OpInfo (their first ones: the cheapest, and enough for the dtypes).
 OPINFO_SAMPLES = 2
@@ -69,7 +75,7 @@ OPINFO_SAMPLES = 2
 
 def _rnn_relu_cell():
     g = torch.Generator().manual_seed(0)
-    r = (lambda *s: torch.randn(*s, generator=g))
+    r = lambda *s: torch.randn(*s, generator=g)
     return torch.rnn_relu_cell, (r(2, 3), r(2, 4), r(4, 3), r(4, 4), r(4), r(4)), {}
 
 
@@ -125,8 +131,12 @@ def _marked(case: str, values: tuple):
     return pytest.param(*values, id=case)
 
 
-OP_CASES = [_marked(f"{device}-{dname}-{name}", (device, dname, name))
-            for device in DEVICES for dname in DTYPES for name in _op_names(device)]
+OP_CASES = [
+    _marked(f"{device}-{dname}-{name}", (device, dname, name))
+    for device in DEVICES
+    for dname in DTYPES
+    for name in _op_names(device)
+]
 
 
 @pytest.mark.parametrize("device,dname,name", OP_CASES)
@@ -144,7 +154,7 @@ def test_op_calls_below_autocast_match_native(device, dname, name):
 
 def test_every_registered_op_has_a_sample():
     # A torch that registers a new op for a native autocast fails here until it has a sample.
-    has = (lambda n: n in OPINFOS or SAMPLE_ALIASES.get(n, n) in SAMPLES or n in EXTRA_SAMPLES)
+    has = lambda n: n in OPINFOS or SAMPLE_ALIASES.get(n, n) in SAMPLES or n in EXTRA_SAMPLES
     bare = {device: [n for n in _op_names(device) if not has(n)] for device in DEVICES}
     assert bare == {"cuda": [], "cpu": []}, f"registered, with no OpInfo nor project sample: {bare}"
 
@@ -152,11 +162,11 @@ def test_every_registered_op_has_a_sample():
 # --- the models ------------------------------------------------------------------------------------
 
 _gen = torch.Generator()
-r = (lambda *shape: torch.randn(*shape, generator=_gen))
-pos = (lambda *shape: torch.rand(*shape, generator=_gen) + 0.5)
-unit = (lambda *shape: torch.rand(*shape, generator=_gen))
-idx = (lambda high, *shape: torch.randint(0, high, shape, generator=_gen))
-same = (lambda y: (y,))
+r = lambda *shape: torch.randn(*shape, generator=_gen)
+pos = lambda *shape: torch.rand(*shape, generator=_gen) + 0.5
+unit = lambda *shape: torch.rand(*shape, generator=_gen)
+idx = lambda high, *shape: torch.randint(0, high, shape, generator=_gen)
+same = lambda y: (y,)
 
 #: Every loss in ``torch.nn``: its constructor's arguments, what it takes of the MLP's (3, 4)
 #: output, and its targets (made from a fixed seed).
@@ -182,8 +192,11 @@ LOSSES: Dict[str, Tuple[dict, Callable, Callable]] = {
     "MarginRankingLoss": ({}, lambda y: (y.select(1, 0), y.select(1, 1)), lambda: (torch.sign(r(3)),)),
     "TripletMarginLoss": ({}, same, lambda: (r(3, 4), r(3, 4))),
     "TripletMarginWithDistanceLoss": ({}, same, lambda: (r(3, 4), r(3, 4))),
-    "CTCLoss": ({}, lambda y: (y.log_softmax(-1).unsqueeze(1),),
-                lambda: (torch.tensor([[1, 2]]), torch.tensor([3]), torch.tensor([2]))),
+    "CTCLoss": (
+        {},
+        lambda y: (y.log_softmax(-1).unsqueeze(1),),
+        lambda: (torch.tensor([[1, 2]]), torch.tensor([3]), torch.tensor([2])),
+    ),
     "AdaptiveLogSoftmaxWithLoss": ({"in_features": 4, "n_classes": 6, "cutoffs": [2]}, same, lambda: (idx(6, 3),)),
     "LinearCrossEntropyLoss": ({"in_features": 4, "num_classes": 5}, same, lambda: (idx(5, 3),)),  # torch 2.13 on
 }
@@ -191,8 +204,11 @@ LOSSES = {name: case for name, case in LOSSES.items() if hasattr(nn, name)}  # t
 
 
 def _losses_in_torch() -> List[str]:
-    return sorted(n for n in dir(nn) if n.endswith("Loss") and isinstance(getattr(nn, n), type)
-                  and issubclass(getattr(nn, n), nn.Module))
+    return sorted(
+        n
+        for n in dir(nn)
+        if n.endswith("Loss") and isinstance(getattr(nn, n), type) and issubclass(getattr(nn, n), nn.Module)
+    )
 
 
 class MLPWithLoss(nn.Module):
@@ -218,8 +234,19 @@ class NormsAndReductions(nn.Module):
 
     def forward(self, x):
         h = self.norms(self.lin(x))
-        return (h.sum(), h.prod(1), h.cumsum(1), h.cumprod(1), h.softmax(-1), h.log_softmax(-1), h.norm(),
-                torch.linalg.vector_norm(h, dim=1), h.mean(0), h.logsumexp(1), F.normalize(h))
+        return (
+            h.sum(),
+            h.prod(1),
+            h.cumsum(1),
+            h.cumprod(1),
+            h.softmax(-1),
+            h.log_softmax(-1),
+            h.norm(),
+            torch.linalg.vector_norm(h, dim=1),
+            h.mean(0),
+            h.logsumexp(1),
+            F.normalize(h),
+        )
 
 
 class Recurrent(nn.Module):
@@ -267,8 +294,16 @@ class Embeddings(nn.Module):
 
 
 def _cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(8, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)).eval()
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
+    ).eval()
 
 
 def _rnn_inputs(kind: str) -> tuple:
@@ -284,8 +319,7 @@ MODELS: Dict[str, Callable[[], Tuple[nn.Module, tuple]]] = {
     "gru": lambda: (Recurrent("GRU"), _rnn_inputs("GRU")),
     "sdpa": lambda: (SDPA(), (r(2, 5, 8),)),
     "multihead-attention": lambda: (MHA(), (r(2, 5, 8),)),
-    "transformer-layer": lambda: (nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
-                                  (r(2, 5, 8),)),
+    "transformer-layer": lambda: (nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), (r(2, 5, 8),)),
     "embeddings": lambda: (Embeddings(), (idx(10, 2, 5), torch.tensor([0, 5]))),
 }
 
@@ -314,9 +348,13 @@ if torch.backends.cudnn.is_available():
     # path, which asks the driver (AcceleratorError); a CPU build takes the fake-able one.
     NOT_ON_FAKE_CUDA["lstm"] = "a CUDA build's LSTM takes cuDNN, which needs a GPU"
 
-MODEL_CASES = [_marked(f"{device}-{dname}-{name}", (device, dname, name))
-               for device in DEVICES for dname in DTYPES for name in MODELS
-               if device == "cpu" or name not in NOT_ON_FAKE_CUDA]
+MODEL_CASES = [
+    _marked(f"{device}-{dname}-{name}", (device, dname, name))
+    for device in DEVICES
+    for dname in DTYPES
+    for name in MODELS
+    if device == "cpu" or name not in NOT_ON_FAKE_CUDA
+]
 
 
 @pytest.mark.parametrize("device,dname,name", MODEL_CASES)
@@ -324,8 +362,9 @@ def test_model_calls_below_autocast_match_native(device, dname, name):
     # Parameters require grad, as a model's do: the cast cache keeps their copies.
     model, inputs = build_model(name)
     params = dict(model.named_parameters()), dict(model.named_buffers())
-    (calls, err), diff = compare(lambda p, *xs: functional_call(model, p, xs), inputs, {}, device,
-                                 DTYPES[dname], params=params)
+    (calls, err), diff = compare(
+        lambda p, *xs: functional_call(model, p, xs), inputs, {}, device, DTYPES[dname], params=params
+    )
     assert diff is None, f"{name}: {diff}"
     # Where native raises (BCELoss, banned on CUDA; oneDNN's float16 LSTM on some CPUs), the region
     # raised alike after the same calls.
@@ -338,6 +377,7 @@ def test_every_loss_in_torch_nn_has_a_model():
 
 # --- the recording sees the engine's calls ----------------------------------------------------------
 
+
 @pytest.mark.skipif(_core.core is None, reason=f"engine: {_core.REASON}")
 @pytest.mark.parametrize("device", sorted(DEVICES))
 def test_the_core_decides_the_recorded_calls(device):
@@ -349,9 +389,11 @@ def test_the_core_decides_the_recorded_calls(device):
     moved = {k: v - before[k] for k, v in _core.core.counts().items()}
     assert moved["decided"] >= 1 and moved["handed"] == 0, moved
     assert diff is None and err is None
-    assert calls == ["aten._to_copy.default(f32[3, 4], dtype=torch.bfloat16)",
-                     "aten._to_copy.default(f32[2, 3], dtype=torch.bfloat16)",
-                     "aten.mm.default(bf16[2, 3], bf16[3, 4])"]
+    assert calls == [
+        "aten._to_copy.default(f32[3, 4], dtype=torch.bfloat16)",
+        "aten._to_copy.default(f32[2, 3], dtype=torch.bfloat16)",
+        "aten.mm.default(bf16[2, 3], bf16[3, 4])",
+    ]
 
 
 def test_a_difference_is_found_and_said():
@@ -370,8 +412,10 @@ def test_a_difference_is_found_and_said():
 _REAL_ONLY = "_thnn_fused_gru_cell"
 
 
-@pytest.mark.skipif(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_REAL_ONLY}", "Meta"),
-                    reason=f"this torch has a fake kernel for {_REAL_ONLY}")
+@pytest.mark.skipif(
+    torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_REAL_ONLY}", "Meta"),
+    reason=f"this torch has a fake kernel for {_REAL_ONLY}",
+)
 def test_a_fake_cuda_trace_never_runs_a_real_kernel():
     # An op with no fake kernel raises on fake CUDA tensors before its CUDA kernel runs. Where a
     # GPU is, that kernel would write through the null pointers of the fake outputs _trace's
@@ -384,8 +428,9 @@ def test_a_fake_cuda_trace_never_runs_a_real_kernel():
         lib.impl(_REAL_ONLY, lambda *args: ran.append(len(args)) or (args[0], args[0]), "CUDA")
         op = getattr(torch.ops.aten, _REAL_ONLY).default
         gates, hidden = torch.randn(3, 15), torch.randn(3, 5)
-        outcomes = [trace(op, (gates, gates, hidden), {}, "cuda", torch.float16, which)
-                    for which in ("native", "region")]
+        outcomes = [
+            trace(op, (gates, gates, hidden), {}, "cuda", torch.float16, which) for which in ("native", "region")
+        ]
     finally:
         lib._destroy()
     assert ran == []

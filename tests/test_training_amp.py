@@ -25,11 +25,12 @@ def tiny_mlp(seed=0):
 
 # -- loss scaling ----------------------------------------------------------------------------
 
+
 def _scaled_loop(native: bool, steps: int = 6, inf_at: int = 2):
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     # growth_interval=2 so the scale grows within a few steps as well as backing off.
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
     torch.manual_seed(1)
     xs, ys = torch.randn(steps, 4, 6), torch.randn(steps, 4, 3)
     scales, params, skipped = [], [], []
@@ -63,6 +64,7 @@ def test_grad_scaler_float16_matches_native_autocast():
 
 
 # -- custom autograd functions ---------------------------------------------------------------
+
 
 def _make_function(native: bool, cast_inputs):
     if native:
@@ -184,6 +186,7 @@ def test_custom_fwd_rejects_a_non_float_cast_dtype():
 
 # -- disabling casts -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("how", ["disable_casts", "enabled=False"])
 def test_optimizer_step_and_hand_code_under_disabled_casts(how):
     def off(native):
@@ -219,6 +222,7 @@ def test_optimizer_step_and_hand_code_under_disabled_casts(how):
 
 # -- the README's example --------------------------------------------------------------------
 
+
 def test_readme_training_example_runs_and_matches_native():
     import os
     import runpy
@@ -227,7 +231,9 @@ def test_readme_training_example_runs_and_matches_native():
     ours = runpy.run_path(path, run_name="example")
     # The control: the same script under native torch.autocast and torch's own checkpoint.
     src = open(path).read()
-    src = src.replace('HpuAutocastMode(torch.float16, policy="torch-cpu")', 'torch.autocast("cpu", dtype=torch.float16)')
+    src = src.replace(
+        'HpuAutocastMode(torch.float16, policy="torch-cpu")', 'torch.autocast("cpu", dtype=torch.float16)'
+    )
     native: dict = {}
     exec(compile(src, path, "exec"), native)
     assert ours["h"].dtype is torch.float16

@@ -45,15 +45,22 @@ def train(model, xs, ys):
 
 def _worker(rank, world, port, out_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         model, xs, ys = model_and_data()
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         half = BATCH // world
-        loss = train(ddp, xs[:, rank * half:(rank + 1) * half], ys[:, rank * half:(rank + 1) * half])
-        torch.save({"params": [p.detach() for p in model.parameters()], "loss dtype": loss.dtype},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        loss = train(ddp, xs[:, rank * half : (rank + 1) * half], ys[:, rank * half : (rank + 1) * half])
+        torch.save(
+            {"params": [p.detach() for p in model.parameters()], "loss dtype": loss.dtype},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
     finally:
         # The DDP module, which holds the process group, is released before the group is
         # destroyed. The other way round, a rank ended with "terminate called without an active
@@ -126,7 +133,12 @@ _RELEASES = textwrap.dedent("""
 
 
 def test_state_a_gloo_all_reduce_copies_in_a_region_releases_nothing_on_gloos_threads():
-    out = subprocess.run([sys.executable, "-c", _RELEASES % free_port()], capture_output=True, text=True,
-                         timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", _RELEASES % free_port()],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "0", "objects the package stashed were released on gloo's threads"

@@ -39,6 +39,7 @@ def tensordot_block(w):
     # kernel, as native autocast's, and is cast above autograd like any other call.
     def f(x):
         return torch.tensordot(torch.relu(x), w, ([1], [0]))
+
     return f
 
 
@@ -65,6 +66,7 @@ def _x():
 
 # -- activation checkpointing ----------------------------------------------------------------
 
+
 def test_torch_checkpoint_recomputes_under_the_forwards_region():
     # torch restores torch.autocast's state only, so before the engine took part the
     # recomputation (backward is outside the region) ran uncast and torch's metadata check fired:
@@ -85,16 +87,18 @@ def _selective(f, x):
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
 
-    return torch_checkpoint.checkpoint(f, x, use_reentrant=False,
-                                       context_fn=lambda: create_selective_checkpoint_contexts(policy))
+    return torch_checkpoint.checkpoint(
+        f, x, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(policy)
+    )
 
 
 CKPT = {
     "checkpoint": lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False),
     "checkpoint reentrant": lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=True),
     "selective": _selective,
-    "sequential": lambda f, x: torch_checkpoint.checkpoint_sequential(torch.nn.Sequential(f), 1, x,
-                                                                      use_reentrant=False),
+    "sequential": lambda f, x: torch_checkpoint.checkpoint_sequential(
+        torch.nn.Sequential(f), 1, x, use_reentrant=False
+    ),
 }
 
 
@@ -134,8 +138,7 @@ def test_checkpoint_of_disabled_region_recomputes_disabled():
 def test_checkpoint_forward_is_observed_once():
     calls = []
     m, x = Block(), _x()
-    mode = HpuAutocastMode(torch.bfloat16, policy="torch-cpu",
-                           observer=lambda event: calls.append(event.name))
+    mode = HpuAutocastMode(torch.bfloat16, policy="torch-cpu", observer=lambda event: calls.append(event.name))
     with mode:
         y = torch_checkpoint.checkpoint(m, x, use_reentrant=False)
     n = len(calls)
@@ -153,6 +156,7 @@ def test_checkpoint_with_dispatch_level_cast():
 
 
 # -- saved-tensor hooks ----------------------------------------------------------------------
+
 
 def _user_hooks():
     # A user's own pack/unpack pair that copies (as offloading or compression would).
@@ -191,6 +195,7 @@ def test_saved_tensor_hooks_with_dispatch_level_cast(hooks):
 
 
 # -- threads ---------------------------------------------------------------------------------
+
 
 def test_region_in_one_thread_does_not_cast_another():
     inside, done = threading.Barrier(2, timeout=30), threading.Barrier(2, timeout=30)

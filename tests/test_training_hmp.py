@@ -107,8 +107,11 @@ def test_is_verbose_logs_each_decision(capsys):
     torch.log(x.abs())
     hmp.reset()
     out = capsys.readouterr().out.splitlines()
-    assert out == ["aten.linear.default  lower  f32,f32 -> bf16", "aten.abs.default  first (unlisted)  f32 -> f32",
-                   "aten.log.default  fp32  f32 -> f32"]
+    assert out == [
+        "aten.linear.default  lower  f32,f32 -> bf16",
+        "aten.abs.default  first (unlisted)  f32 -> f32",
+        "aten.log.default  fp32  f32 -> f32",
+    ]
 
 
 def test_user_list_files_replace_the_defaults(tmp_path):

@@ -28,9 +28,13 @@ def _same(a, b):
 
 # --- the cast cache is native's: nothing it could serve stale -----------------------------------
 
-NATIVE_FIXED = pytest.mark.skipif(not CACHES_WITH_GRAD, reason=(
-    "this torch's native cache predates pytorch#158232 (a copy made under no_grad or inference mode is "
-    "served to a use with grad); the region does what torch 2.13 and later do"))
+NATIVE_FIXED = pytest.mark.skipif(
+    not CACHES_WITH_GRAD,
+    reason=(
+        "this torch's native cache predates pytorch#158232 (a copy made under no_grad or inference mode is "
+        "served to a use with grad); the region does what torch 2.13 and later do"
+    ),
+)
 
 
 WRITES = {
@@ -140,6 +144,7 @@ def test_a_weight_used_twice_shares_one_cast_as_native():
 
 # --- in-place and out= overloads a policy names: computed in its dtype, written back -----------
 
+
 def _policy(**lists):
     return hpu_autocast.with_lists(hpu_autocast.get_preset("torch-cpu"), **lists)
 
@@ -152,7 +157,7 @@ def test_a_named_out_overload_writes_its_result_into_the_callers_tensor():
     with HpuAutocastMode(BF, policy=_policy(lower=["mm.out"])):
         r = torch.mm(a, b, out=c)
     assert r is c and c.dtype == torch.float32
-    assert torch.equal(c, torch.mm(a.bfloat16(), b.bfloat16()).float())   # the hand-cast control
+    assert torch.equal(c, torch.mm(a.bfloat16(), b.bfloat16()).float())  # the hand-cast control
 
 
 def test_a_named_out_overload_resizes_the_callers_tensor_as_the_op_would():
@@ -188,7 +193,7 @@ def test_a_named_inplace_overload_keeps_its_gradient():
     ours = run(_policy(lower=["addmm_"]))
     a.grad = c0.grad = None
     c = c0 * 1
-    c.copy_(torch.addmm(c.bfloat16(), a.bfloat16(), b.bfloat16()))     # the hand-cast control
+    c.copy_(torch.addmm(c.bfloat16(), a.bfloat16(), b.bfloat16()))  # the hand-cast control
     c.sum().backward()
     assert torch.equal(ours[0], c.detach()) and torch.equal(ours[1], a.grad) and torch.equal(ours[2], c0.grad)
 
@@ -204,6 +209,7 @@ def test_a_promoted_inplace_op_counts_its_self():
 
 # --- PyTorch's fused inference fast paths ------------------------------------------------------
 
+
 def _encoder():
     torch.manual_seed(0)
     return nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
@@ -216,8 +222,11 @@ def _mha():
 
 FAST_PATHS = {
     "encoder layer": (_encoder, lambda m, x: m(x), "aten._transformer_encoder_layer_fwd.default"),
-    "encoder": (lambda: nn.TransformerEncoder(_encoder(), 2, enable_nested_tensor=False).eval(),
-                lambda m, x: m(x), "aten._transformer_encoder_layer_fwd.default"),
+    "encoder": (
+        lambda: nn.TransformerEncoder(_encoder(), 2, enable_nested_tensor=False).eval(),
+        lambda m, x: m(x),
+        "aten._transformer_encoder_layer_fwd.default",
+    ),
     "attention": (_mha, lambda m, x: m(x, x, x, need_weights=False)[0], "aten._native_multi_head_attention.default"),
 }
 
@@ -234,11 +243,11 @@ def test_a_fused_fast_path_runs_whole_and_promoted(path, preset):
     with torch.no_grad():
         with HpuAutocastMode(BF, policy=preset, device_type="cpu", observer=events.append):
             out = call(m, x)
-        expected = call(m, x)      # control: the fast path in float32, no region
+        expected = call(m, x)  # control: the fast path in float32, no region
     assert out.dtype == torch.float32 and torch.equal(out, expected)
     ran = [e for e in events if e.name == fused]
     assert ran and all(e.default == "fused" and str(e.action) == "promote" for e in ran)
-    assert not [e for e in events if e.name == "aten.linear.default"]   # nothing cast inside
+    assert not [e for e in events if e.name == "aten.linear.default"]  # nothing cast inside
 
 
 @pytest.mark.parametrize("preset", ["hpu", "hmp", "xpu", "torch-cuda", "torch-cpu"])
@@ -250,7 +259,7 @@ def test_a_module_with_a_fast_path_runs_on_a_bfloat16_input(path, preset):
     m, x = make(), torch.randn(2, 3, 8, dtype=BF)
     with torch.no_grad():
         out = _outcome(lambda: _run_in(HpuAutocastMode(BF, policy=preset, device_type="cpu"), call, m, x))
-        if preset == "torch-cpu" and isinstance(out, str):   # native's own lists fail here (torch 2.4)
+        if preset == "torch-cpu" and isinstance(out, str):  # native's own lists fail here (torch 2.4)
             assert out == _outcome(lambda: _run_in(_native(), call, m, x))
             return
     assert out.shape == (2, 3, 8) and out.dtype in (BF, torch.float32) and out.isfinite().all()
@@ -284,12 +293,16 @@ def _run_in(ctx, call, m, x):
 
 # --- turning casting off inside torch.autocast ------------------------------------------------
 
+
 @pytest.mark.parametrize("off", ["disable_casts", "enabled=False", "enabled=False, device_type=cpu"])
 def test_turning_casting_off_inside_torch_autocast_turns_torchs_off_too(off):
     # Was: native casting stayed on (mm ran in bfloat16), though the README says these turn
     # casting off for their block, as torch.autocast(enabled=False) does.
-    make = {"disable_casts": disable_casts, "enabled=False": lambda: HpuAutocastMode(enabled=False),
-            "enabled=False, device_type=cpu": lambda: HpuAutocastMode(enabled=False, device_type="cpu")}[off]
+    make = {
+        "disable_casts": disable_casts,
+        "enabled=False": lambda: HpuAutocastMode(enabled=False),
+        "enabled=False, device_type=cpu": lambda: HpuAutocastMode(enabled=False, device_type="cpu"),
+    }[off]
     a = torch.randn(4, 4)
     with torch.autocast("cpu", dtype=BF):
         with make():
@@ -298,7 +311,7 @@ def test_turning_casting_off_inside_torch_autocast_turns_torchs_off_too(off):
             with torch.autocast("cpu", enabled=False):
                 control = torch.mm(a, a)
             assert torch.equal(torch.mm(a, a), control)
-        assert torch.is_autocast_enabled("cpu") and torch.mm(a, a).dtype == BF   # back on at the exit
+        assert torch.is_autocast_enabled("cpu") and torch.mm(a, a).dtype == BF  # back on at the exit
     assert not torch.is_autocast_enabled("cpu")
 
 
@@ -315,12 +328,19 @@ def test_disable_casts_inside_a_region_inside_torch_autocast():
 # --- threads ---------------------------------------------------------------------------------------
 
 #: The tests of what the engine stashes in torch's thread-local state, for autograd's workers.
-_NEEDS_STASH = pytest.mark.skipif(not hasattr(torch._C, "_stash_obj_in_tls"), reason="this torch has no thread-local stash")
+_NEEDS_STASH = pytest.mark.skipif(
+    not hasattr(torch._C, "_stash_obj_in_tls"), reason="this torch has no thread-local stash"
+)
 
 
 def _probe(x):
-    return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled(),
-            torch._C._is_any_autocast_enabled(), torch.mm(x, x).dtype)
+    return (
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_cache_enabled(),
+        torch._C._is_any_autocast_enabled(),
+        torch.mm(x, x).dtype,
+    )
 
 
 @pytest.mark.parametrize("how", ["thread", "copied context", "asyncio.to_thread"])
@@ -337,7 +357,9 @@ def test_guards_in_a_worker_thread_a_region_spawns_answer_as_natives(how):
             return asyncio.run(asyncio.to_thread(_probe, x))
         ctx = contextvars.copy_context()
         out = []
-        target = (lambda: out.append(ctx.run(_probe, x))) if how == "copied context" else (lambda: out.append(_probe(x)))
+        target = (
+            (lambda: out.append(ctx.run(_probe, x))) if how == "copied context" else (lambda: out.append(_probe(x)))
+        )
         t = threading.Thread(target=target)
         t.start()
         t.join(10)
@@ -425,7 +447,7 @@ def test_the_cache_flag_survives_regions_that_exit_out_of_order():
     outer.__enter__()
     inner.__enter__()
     outer.__exit__(None, None, None)
-    assert torch.is_autocast_cache_enabled() is True       # the inner region is in force
+    assert torch.is_autocast_cache_enabled() is True  # the inner region is in force
     inner.__exit__(None, None, None)
     assert torch.is_autocast_cache_enabled() is before
 

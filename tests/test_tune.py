@@ -22,8 +22,7 @@ import torch.nn as nn
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hpu_autocast import (CastPolicy, HpuAutocastMode, Policy, TuneResult, compare, get_preset, record, tune,
-                          with_lists)
+from hpu_autocast import CastPolicy, HpuAutocastMode, Policy, TuneResult, compare, get_preset, record, tune, with_lists
 from hpu_autocast.policies.builder import policy_from_files
 from hpu_autocast.policies.gaudi import ENV_FP32, ENV_LOWER
 from hpu_autocast.cli import main
@@ -64,6 +63,7 @@ def _compute_dtypes(fn, *inputs, policy) -> dict:
 
 # --- the worked example (examples/tune_demo.py, docs/tuning.md) -----------------------------------
 
+
 @pytest.fixture(scope="module")
 def demo():
     fn, inputs = runpy.run_path(str(DEMO), run_name="demo")["tune_target"]()
@@ -88,8 +88,11 @@ def test_the_worked_example_keeps_the_gemms_lower_and_moves_a_handful(demo):
     assert result.policy.table[aten.mul.Tensor] is CastPolicy.FP32
     # Everything else as the start had it.
     start = get_preset("hpu")
-    changed = {op for op in start.table.keys() | result.policy.table.keys()
-               if start.table.get(op) is not result.policy.table.get(op)}
+    changed = {
+        op
+        for op in start.table.keys() | result.policy.table.keys()
+        if start.table.get(op) is not result.policy.table.get(op)
+    }
     assert {op.name().split("::")[1].split(".")[0] for op in changed} == {"mean", "mul"}
 
 
@@ -136,6 +139,7 @@ def test_progress_gets_a_line_per_run_and_max_runs_bounds_them(demo):
 
 # --- a start within tolerance ------------------------------------------------------------------
 
+
 def test_a_model_within_tolerance_is_returned_unchanged():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
@@ -150,6 +154,7 @@ def test_a_model_within_tolerance_is_returned_unchanged():
 
 
 # --- ops that only matter together ---------------------------------------------------------------
+
 
 class OffsetMean(nn.Module):
     """``mean(lin(x) + 1000) - 1000``: the add (promote: a bf16 tensor and a Python number stay
@@ -183,6 +188,7 @@ def test_a_pair_single_moves_do_not_fix_is_found():
 
 # --- metrics ----------------------------------------------------------------------------------------
 
+
 def test_a_user_metric_takes_the_two_runs_outputs():
     model, x = OffsetMean().eval(), torch.randn(4, 8)
     seen = []
@@ -206,8 +212,9 @@ def test_a_metric_never_met_returns_the_least_error_and_says_so():
     model, x = OffsetMean().eval(), torch.randn(4, 8)
     answers = iter([0.0])  # the float32 rerun's: the same; then every candidate is off
     with torch.no_grad():
-        result = tune(model, x, policy="hpu", device_type="cpu", tolerance=0.0,
-                      metric=lambda ref, out: next(answers, 1.0))
+        result = tune(
+            model, x, policy="hpu", device_type="cpu", tolerance=0.0, metric=lambda ref, out: next(answers, 1.0)
+        )
     assert not result.met
     assert "NOT within tolerance" in str(result)
     assert all(r.why == "tolerance not met: this is the least error measured" for r in result.rows)
@@ -247,6 +254,7 @@ def test_a_function_that_changes_between_runs_is_refused():
 
 # --- writers --------------------------------------------------------------------------------------
 
+
 def test_the_list_files_load_back_to_the_same_policy(demo, tmp_path, monkeypatch):
     result = demo[2]
     lower, fp32 = result.write_lists(tmp_path / "lists")
@@ -265,8 +273,11 @@ def test_the_gaudi_config_loads_back_to_the_same_policy(demo, tmp_path):
     result = demo[2]
     path = result.write_gaudi_config(tmp_path / "gaudi_config.json")
     config = json.loads(pathlib.Path(path).read_text())
-    assert config == {"use_torch_autocast": True, "autocast_bf16_ops": list(result.lower_list),
-                      "autocast_fp32_ops": list(result.fp32_list)}
+    assert config == {
+        "use_torch_autocast": True,
+        "autocast_bf16_ops": list(result.lower_list),
+        "autocast_fp32_ops": list(result.fp32_list),
+    }
     # optimum-habana writes the two lists to files, one op per line, and points Gaudi's
     # variables at them (GaudiConfig.write_bf16_fp32_ops_to_text_files).
     for key, name in (("autocast_bf16_ops", "bf16.txt"), ("autocast_fp32_ops", "fp32.txt")):
@@ -294,6 +305,7 @@ def test_another_start_policy_round_trips_too(tmp_path):
 
 # --- the command --------------------------------------------------------------------------------
 
+
 def test_the_command_tunes_the_scripts_target(tmp_path, capsys):
     script = tmp_path / "pair.py"
     script.write_text(
@@ -308,9 +320,20 @@ def test_the_command_tunes_the_scripts_target(tmp_path, capsys):
         "    if sys.argv[1:] == ['never']:  # a metric no candidate meets\n"
         "        answers = iter([0.0])\n"
         "        return fn, (torch.randn(4, 8),), lambda ref, out: next(answers, 1.0)\n"
-        "    return fn, torch.randn(4, 8)\n")
-    code = main(["tune", "--device-type", "cpu", "--lists", str(tmp_path / "lists"),
-                 "--gaudi-config", str(tmp_path / "g.json"), str(script)])
+        "    return fn, torch.randn(4, 8)\n"
+    )
+    code = main(
+        [
+            "tune",
+            "--device-type",
+            "cpu",
+            "--lists",
+            str(tmp_path / "lists"),
+            "--gaudi-config",
+            str(tmp_path / "g.json"),
+            str(script),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0
     assert "moved to fp32: add, mean" in out and "error: " in out
@@ -352,8 +375,10 @@ def test_the_command_tunes_in_fp8(tmp_path, capsys):
     if not _torch.scaled_mm_runs_on("cpu"):
         pytest.skip(f"torch {torch.__version__} has no torch._scaled_mm for CPU tensors")
     script = tmp_path / "lin.py"
-    script.write_text("import torch\ndef tune_target():\n    torch.manual_seed(0)\n"
-                      "    return torch.nn.Linear(16, 16), torch.randn(16, 16)\n")
+    script.write_text(
+        "import torch\ndef tune_target():\n    torch.manual_seed(0)\n"
+        "    return torch.nn.Linear(16, 16), torch.randn(16, 16)\n"
+    )
     assert main(["tune", "--device-type", "cpu", "--dtype", "fp8", "--quiet", "--tolerance", "1", str(script)]) == 0
     out = capsys.readouterr().out
     assert "dtype f8e4m3" in out and "matmul/conv FLOPs in f8e4m3: 8192 of 8192 (100.0%)" in out
@@ -418,8 +443,8 @@ def small_models(draw):
     parts = draw(st.lists(st.sampled_from(BLOCKS + TROUBLE + TROUBLE), min_size=1, max_size=2))
     blocks = [b for part in parts for b in ((part,) if isinstance(part, str) else part)]
     blocks.insert(draw(st.integers(0, len(blocks))), "linear")  # at least one GEMM
-    model = Chain(blocks, draw(st.integers(0, 2 ** 16)), draw(st.sampled_from([64.0, 1000.0]))).eval()
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(draw(st.integers(0, 2 ** 16))))
+    model = Chain(blocks, draw(st.integers(0, 2**16)), draw(st.sampled_from([64.0, 1000.0]))).eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16))))
     return model, x, draw(st.sampled_from([1e-2, 3e-2]))
 
 
@@ -440,16 +465,20 @@ def test_when_only_the_gemms_lower_meets_the_tolerance_tune_meets_it_keeping_the
         result = tune(model, x, policy="hpu", device_type="cpu", tolerance=tol)
         measured = _error(model, x, policy=result.policy)
         assert measured == result.error  # tune reports what a fresh run measures
-        event("start within tolerance" if result.start_error <= tol else
-              f"floor {'meets' if floor <= tol else 'misses'} the tolerance; {len(result.moved)} moved")
+        event(
+            "start within tolerance"
+            if result.start_error <= tol
+            else f"floor {'meets' if floor <= tol else 'misses'} the tolerance; {len(result.moved)} moved"
+        )
         if floor <= tol:
             assert result.met and measured <= tol
             assert not gemms & set(result.moved)
             dtypes = _compute_dtypes(model, x, policy=result.policy)
             assert all(dtypes[g] == {"bf16"} for g in gemms)
         if result.met:
-            assert all(_error(model, x, policy=_moved(*sorted(set(result.moved) - {n}))) > tol
-                       for n in result.moved)  # 1-minimal: no moved op can go back
+            assert all(
+                _error(model, x, policy=_moved(*sorted(set(result.moved) - {n}))) > tol for n in result.moved
+            )  # 1-minimal: no moved op can go back
 
 
 def test_the_result_type_is_exported():
@@ -458,10 +487,12 @@ def test_the_result_type_is_exported():
 
 # --- the CNN worked example (examples/tune_cnn.py, docs/tuning.md) --------------------------------
 
+
 def test_the_cnn_example_counts_every_conv_and_is_the_documented_one():
     # Issue 31, item 1: every conv after the first gets a bf16 input beside float32 weights;
     # tune counted only the first conv's FLOPs and ranked the rest as elementwise work.
     from torch.utils.flop_counter import FlopCounterMode
+
     fn, inputs = runpy.run_path(str(ROOT / "examples" / "tune_cnn.py"), run_name="cnn")["tune_target"]()
     result = tune(fn, *inputs, policy="hpu", device_type="cpu", tolerance=0.002)
     with FlopCounterMode(display=False) as counter:
@@ -481,18 +512,23 @@ def test_an_empty_batch_is_refused_not_met_with_error_0(outputs):
     # Failed before (issue 31, item 7): met=True, error 0, whatever the policy.
     x = torch.randn(0, 4)
     with pytest.raises(ValueError, match=r"hold no floating element \(an empty batch\?\)"):
-        tune(lambda t: outputs(torch.nn.functional.linear(t, torch.ones(3, 4))), x, device_type="cpu",
-             tolerance=TOL)
+        tune(lambda t: outputs(torch.nn.functional.linear(t, torch.ones(3, 4))), x, device_type="cpu", tolerance=TOL)
     # With a metric of the user's, the outputs are the metric's business.
     assert tune(lambda t: t * 2, x, metric=lambda ref, out: 0.0).met
+
 
 def test_tune_keeps_the_float32_dtype_policies_and_moves_only_lower_ops():
     # A start with softmax as fp32_set_opt_dtype and norm as fp32_append_dtype (as torch-cuda has
     # them): tune moves lower ops to fp32 only; the dtype policies stay as they were.
     from hpu_autocast import build_policy
 
-    start = build_policy("dtype kinds", lower=["linear", "mean", "mul"], fp32_set_opt_dtype=["softmax"],
-                         fp32_append_dtype=["norm"], device_type="cpu")
+    start = build_policy(
+        "dtype kinds",
+        lower=["linear", "mean", "mul"],
+        fp32_set_opt_dtype=["softmax"],
+        fp32_append_dtype=["norm"],
+        device_type="cpu",
+    )
     torch.manual_seed(0)
     lin = nn.Linear(8, 8)
 
@@ -506,5 +542,6 @@ def test_tune_keeps_the_float32_dtype_policies_and_moves_only_lower_ops():
     assert result.moved  # something had to move for the tolerance
     for action in (CastPolicy.FP32_SET_OPT_DTYPE, CastPolicy.FP32_APPEND_DTYPE):
         assert result.policy.ops(action) == start.ops(action)
-    assert all(start.table[op] is CastPolicy.LOWER for op, a in result.policy.table.items()
-               if a is not start.table.get(op))
+    assert all(
+        start.table[op] is CastPolicy.LOWER for op, a in result.policy.table.items() if a is not start.table.get(op)
+    )

@@ -52,7 +52,7 @@ def _planted(kind, width=16):
     for i in range(6):
         layer = kind(width) if i in PLANTED and kind is Spike else (kind if i in PLANTED else nn.Linear)(width, width)
         with torch.no_grad():
-            layer.weight.normal_(0, width ** -0.5)
+            layer.weight.normal_(0, width**-0.5)
             if kind is Offset and i in PLANTED:
                 layer.weight -= layer.weight.mean(1, keepdim=True)
             if kind is Spike and i in PLANTED:
@@ -88,7 +88,7 @@ def test_per_module_tune_finds_exactly_the_planted_layers(case):
     assert [r.op for r in result.rows] == [str(i) for i in range(6)]  # one unit per Linear, in call order
     assert [r.moved for r in result.rows] == [i in PLANTED for i in range(6)]
     assert result.met and result.policy is result.start  # the lists are the start's
-    assert result.flops == (4 * 2 * 16 ** 3, 6 * 2 * 16 ** 3)  # four of six linears' FLOPs kept lower
+    assert result.flops == (4 * 2 * 16**3, 6 * 2 * 16**3)  # four of six linears' FLOPs kept lower
     # Measured again: the map in a region meets the tolerance, and is what tune said.
     again = _error(model, x, dtype, policy, result.modules)
     assert again <= tol and again == pytest.approx(result.error, rel=1e-6)
@@ -139,10 +139,12 @@ def test_a_block_moves_with_the_modules_inside_it():
     assert result.modules == {"1": F32}
     rows = {r.op: r for r in result.rows}
     assert rows["1.inner"].moved and rows["1.inner"].why == "inside 1" and not rows["0"].moved
-    assert result.flops == (2 * 16 ** 3, 3 * 2 * 16 ** 3)
+    assert result.flops == (2 * 16**3, 3 * 2 * 16**3)
     seen = []
-    with torch.no_grad(), HpuAutocastMode(BF16, policy="torch-cpu", device_type="cpu", observer=seen.append,
-                                          modules=result.modules):
+    with (
+        torch.no_grad(),
+        HpuAutocastMode(BF16, policy="torch-cpu", device_type="cpu", observer=seen.append, modules=result.modules),
+    ):
         model(x)
     assert [e.compute for e in seen if "linear" in str(e.op)] == [BF16]  # only "0"'s: the block's ran in fp32
     assert _error(model, x, BF16, "torch-cpu", result.modules) <= 0.05
@@ -166,11 +168,28 @@ def test_bad_per_module_is_named():
 
 def test_the_command_tunes_per_module(tmp_path, capsys):
     script = tmp_path / "planted.py"
-    script.write_text("import sys\nsys.path.insert(0, %r)\nimport test_tune_modules as t\nimport torch\n"
-                      "def tune_target():\n    return t._planted(t.Offset), torch.randn(16, 16)\n"
-                      % str(__import__("pathlib").Path(__file__).parent))
-    assert main(["tune", "--preset", "torch-cpu", "--device-type", "cpu", "--per-module", "--quiet",
-                 "--tolerance", "0.05", str(script)]) == 0
+    script.write_text(
+        "import sys\nsys.path.insert(0, %r)\nimport test_tune_modules as t\nimport torch\n"
+        "def tune_target():\n    return t._planted(t.Offset), torch.randn(16, 16)\n"
+        % str(__import__("pathlib").Path(__file__).parent)
+    )
+    assert (
+        main(
+            [
+                "tune",
+                "--preset",
+                "torch-cpu",
+                "--device-type",
+                "cpu",
+                "--per-module",
+                "--quiet",
+                "--tolerance",
+                "0.05",
+                str(script),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "modules={'2': torch.float32, '4': torch.float32}" in out
 
@@ -179,9 +198,20 @@ def test_the_command_tunes_per_module(tmp_path, capsys):
 def test_gpt2_in_fp8_per_module_is_the_documented_one():
     # docs/fp8.md: fp8 everywhere misses 2e-2; first_last meets it; per-module tune moves lm_head alone.
     tf = _real_models.tf
-    config = tf.GPT2Config(vocab_size=64, n_positions=8, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
-                           embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, use_cache=False,
-                           attn_implementation="eager")
+    config = tf.GPT2Config(
+        vocab_size=64,
+        n_positions=8,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     model = tf.GPT2LMHeadModel(config).eval()
     ids = torch.randint(3, 64, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -202,9 +232,9 @@ def test_gpt2_in_fp8_per_module_is_the_documented_one():
 
 def test_the_tuning_docs_per_module_example_prints_the_documented_table(capsys):
     doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "tuning.md").read_text()
-    section = doc[doc.index("## Per module"):]
-    code = section[section.index("```python\n") + 10:]
-    code = code[:code.index("```")]
+    section = doc[doc.index("## Per module") :]
+    code = section[section.index("```python\n") + 10 :]
+    code = code[: code.index("```")]
     exec(compile(code, "docs/tuning.md", "exec"), {"__name__": "doc"})
     printed = capsys.readouterr().out.strip()
     assert printed and printed in section
@@ -217,5 +247,6 @@ def test_a_function_running_no_module_is_refused_per_module():
         return (x + 256.0) @ a - 256.0 * a.sum(0)  # outside any module: no unit to move
 
     with pytest.raises(ValueError, match=r"no module ran calls in bf16 .* per_module=False"):
-        tune(fn, torch.randn(16, 16), dtype=BF16, policy="torch-cpu", device_type="cpu", tolerance=1e-3,
-             per_module=True)
+        tune(
+            fn, torch.randn(16, 16), dtype=BF16, policy="torch-cpu", device_type="cpu", tolerance=1e-3, per_module=True
+        )

@@ -32,16 +32,29 @@ __all__ = ["DTYPE_MISMATCH", "explain", "note"]
 #: Torch's messages for operands of two dtypes (CPU and CUDA kernels, torch 2.x).
 DTYPE_MISMATCH = re.compile(
     r"same dtype|dtypes must be the same|dtypes match|expected scalar type \S+ but found"
-    r"|expected dtype \S+ for .* but got dtype|type \(.*\) and \w+ type \(.*\) should be the same")
+    r"|expected dtype \S+ for .* but got dtype|type \(.*\) and \w+ type \(.*\) should be the same"
+)
 
 #: What a message names -> the kernel that raised it.
-_RAISED_BY = ((re.compile(r"\bmat1 and mat2\b"), "addmm"), (re.compile(r"\bm1 and m2\b"), "mm"),
-              (re.compile(r"\bbatch1\b"), "baddbmm"), (re.compile(r"both vectors"), "dot"),
-              (re.compile(r"(weight|bias) type"), "convolution"), (re.compile(r"for `end`"), "lerp"),
-              (re.compile(r"Index put"), "index_put"))
+_RAISED_BY = (
+    (re.compile(r"\bmat1 and mat2\b"), "addmm"),
+    (re.compile(r"\bm1 and m2\b"), "mm"),
+    (re.compile(r"\bbatch1\b"), "baddbmm"),
+    (re.compile(r"both vectors"), "dot"),
+    (re.compile(r"(weight|bias) type"), "convolution"),
+    (re.compile(r"for `end`"), "lerp"),
+    (re.compile(r"Index put"), "index_put"),
+)
 _DTYPE_WORD = re.compile(r"(?i)(bfloat16|half|float8\w*|float16|float32|float64|float|double)")
-_DTYPE_NAME = {"bfloat16": "bfloat16", "half": "float16", "float16": "float16", "float": "float32",
-               "float32": "float32", "double": "float64", "float64": "float64"}
+_DTYPE_NAME = {
+    "bfloat16": "bfloat16",
+    "half": "float16",
+    "float16": "float16",
+    "float": "float32",
+    "float32": "float32",
+    "double": "float64",
+    "float64": "float64",
+}
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_OPS = os.path.join(os.path.dirname(torch.__file__), "_ops.py")
@@ -100,15 +113,22 @@ def explain(exc: BaseException, policy: Optional[Policy], dtype: Optional[torch.
     region = str(dtype).replace("torch.", "") if dtype is not None else "lower-precision"
     said = [f"{op} is {kinds[op]}"] + [f"{n}, which torch's message names, is {kinds[n]}" for n in names[1:]]
     if "unlisted" in kinds.values():
-        rule = (f"the policy's rule for ops on no list, {policy.unlisted.value}, applies" if policy.unlisted
-                else "an op on no list runs as its inputs are")
+        rule = (
+            f"the policy's rule for ops on no list, {policy.unlisted.value}, applies"
+            if policy.unlisted
+            else "an op on no list runs as its inputs are"
+        )
         said.append(rule)
-    fix = (f"policy.edit(lower=[{op!r}]) runs it in {region} (fp32=[{op!r}]: in float32) and keeps the rest of "
-           "the policy" if kinds[op] == "unlisted" else
-           f"cast its inputs to one dtype, or give it another kind: policy.edit(fp32=[{op!r}])")
+    fix = (
+        f"policy.edit(lower=[{op!r}]) runs it in {region} (fp32=[{op!r}]: in float32) and keeps the rest of the policy"
+        if kinds[op] == "unlisted"
+        else f"cast its inputs to one dtype, or give it another kind: policy.edit(fp32=[{op!r}])"
+    )
     got = f" (inputs {' and '.join(inputs)})" if len(inputs) > 1 else ""
-    return (f"hpu_autocast: {op} raised torch's dtype-mismatch error{got} in a {region} region of policy "
-            f"{policy.name!r}, where {'; '.join(said)}. Fix: {fix}; `hpu-autocast policy` prints the table.")
+    return (
+        f"hpu_autocast: {op} raised torch's dtype-mismatch error{got} in a {region} region of policy "
+        f"{policy.name!r}, where {'; '.join(said)}. Fix: {fix}; `hpu-autocast policy` prints the table."
+    )
 
 
 def note(exc: BaseException, policy: Optional[Policy], dtype: Optional[torch.dtype]) -> None:

@@ -41,8 +41,9 @@ def region_for(state: State) -> HpuAutocastMode:
     """A fresh region that reproduces ``state`` (``enabled=False`` when it was off)."""
     if not state.enabled:
         return HpuAutocastMode(enabled=False)
-    return HpuAutocastMode(state.dtype, policy=state.policy, device_type=state.device_type,
-                           cache_enabled=state.cache_enabled)
+    return HpuAutocastMode(
+        state.dtype, policy=state.policy, device_type=state.device_type, cache_enabled=state.cache_enabled
+    )
 
 
 def _cast(value, dtype: torch.dtype):
@@ -98,8 +99,10 @@ def custom_bwd(bwd: Callable):
     def decorate_bwd(ctx, *args, **kwargs):
         state = getattr(ctx, "_hpu_autocast_state", None)
         if state is None:
-            raise RuntimeError(f"custom_bwd: {bwd.__qualname__} has no recorded state; decorate the "
-                               "Function's forward with hpu_autocast.amp.custom_fwd")
+            raise RuntimeError(
+                f"custom_bwd: {bwd.__qualname__} has no recorded state; decorate the "
+                "Function's forward with hpu_autocast.amp.custom_fwd"
+            )
         with region_for(state):
             return bwd(ctx, *args, **kwargs)
 

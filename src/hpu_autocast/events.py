@@ -69,12 +69,12 @@ class Level(enum.Enum):
 class Cast(NamedTuple):
     """One input the engine cast."""
 
-    arg: str                 #: the schema's name of the argument (``self``, ``mat2``, ``tensors[1]``)
+    arg: str  #: the schema's name of the argument (``self``, ``mat2``, ``tensors[1]``)
     from_dtype: torch.dtype  #: its dtype before
-    to_dtype: torch.dtype    #: the dtype it was cast to
-    nbytes: int              #: bytes the copy holds (``numel * to_dtype.itemsize``)
-    cached: bool             #: served from the cast cache: no new copy was made for this call
-    tensor: torch.Tensor     #: the input that was cast (the caller's tensor, not the copy)
+    to_dtype: torch.dtype  #: the dtype it was cast to
+    nbytes: int  #: bytes the copy holds (``numel * to_dtype.itemsize``)
+    cached: bool  #: served from the cast cache: no new copy was made for this call
+    tensor: torch.Tensor  #: the input that was cast (the caller's tensor, not the copy)
 
     def __repr__(self) -> str:
         how = "cached" if self.cached else f"{self.nbytes} bytes"
@@ -84,18 +84,18 @@ class Cast(NamedTuple):
 class Event(NamedTuple):
     """One call the engine decided on (see the module's note for which calls make events)."""
 
-    op: OpOverload                    #: the overload, ``aten.mm.default``
+    op: OpOverload  #: the overload, ``aten.mm.default``
     level: Level
     outcome: Outcome
-    action: Optional[CastPolicy]      #: the rule's action; ``None`` when ``UNLISTED``
-    default: Optional[str]            #: the policy default that made the rule: ``unlisted``/``in-place`` (HMP)
-    reason: Optional[str]             #: why ``INELIGIBLE``; ``None`` otherwise
-    inputs: Tuple[torch.dtype, ...]   #: tensor inputs' dtypes in argument order (lists flattened)
-    compute: Optional[torch.dtype]    #: the dtype it ran in: its first floating output's (the cast dtype if none)
-    casts: Tuple[Cast, ...]           #: the casts made for this call, in argument order
-    args: tuple = ()                  #: the call's positional inputs, as the caller passed them
-    kwargs: dict = {}                 #: its keyword-only inputs (keeping an event keeps these alive)
-    module: Optional[str] = None      #: the innermost module a ``modules=`` map matched, in flight (``None``: none)
+    action: Optional[CastPolicy]  #: the rule's action; ``None`` when ``UNLISTED``
+    default: Optional[str]  #: the policy default that made the rule: ``unlisted``/``in-place`` (HMP)
+    reason: Optional[str]  #: why ``INELIGIBLE``; ``None`` otherwise
+    inputs: Tuple[torch.dtype, ...]  #: tensor inputs' dtypes in argument order (lists flattened)
+    compute: Optional[torch.dtype]  #: the dtype it ran in: its first floating output's (the cast dtype if none)
+    casts: Tuple[Cast, ...]  #: the casts made for this call, in argument order
+    args: tuple = ()  #: the call's positional inputs, as the caller passed them
+    kwargs: dict = {}  #: its keyword-only inputs (keeping an event keeps these alive)
+    module: Optional[str] = None  #: the innermost module a ``modules=`` map matched, in flight (``None``: none)
 
     @property
     def name(self) -> str:
@@ -115,15 +115,27 @@ class Event(NamedTuple):
     def __repr__(self) -> str:
         ins = ", ".join(short_dtype(d) for d in self.inputs)
         act = "" if self.action is None else f", action={self.action}"
-        return (f"Event(op={self.op}, outcome={self.outcome}{act}, inputs=({ins}), "
-                f"compute={short_dtype(self.compute)}, casts={len(self.casts)})")
+        return (
+            f"Event(op={self.op}, outcome={self.outcome}{act}, inputs=({ins}), "
+            f"compute={short_dtype(self.compute)}, casts={len(self.casts)})"
+        )
 
 
 _SHORT = {
-    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-    torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
-    torch.float8_e4m3fn: "f8e4m3", torch.float8_e5m2: "f8e5m2",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
+    torch.float8_e4m3fn: "f8e4m3",
+    torch.float8_e5m2: "f8e5m2",
 }
 
 

@@ -53,15 +53,23 @@ from .mode import HpuAutocastMode
 __all__ = ["trace", "cast_nodes"]
 
 #: ATen calls that change a tensor's dtype, as the tracer records them.
-_CASTS = frozenset({
-    _torch.TO_COPY,
-    torch.ops.aten.to.dtype,
-    torch.ops.prims.convert_element_type.default,
-})
+_CASTS = frozenset(
+    {
+        _torch.TO_COPY,
+        torch.ops.aten.to.dtype,
+        torch.ops.prims.convert_element_type.default,
+    }
+)
 
 
-def trace(fn: Callable, *example_inputs: Any, dtype: torch.dtype = torch.bfloat16, policy="hpu",
-          tracing_mode: str = "real", **mode_kwargs: Any) -> torch.fx.GraphModule:
+def trace(
+    fn: Callable,
+    *example_inputs: Any,
+    dtype: torch.dtype = torch.bfloat16,
+    policy="hpu",
+    tracing_mode: str = "real",
+    **mode_kwargs: Any,
+) -> torch.fx.GraphModule:
     """Trace ``fn(*example_inputs)`` under ``HpuAutocastMode(dtype, policy=policy, **mode_kwargs)``
     into a ``torch.fx.GraphModule`` whose casts are explicit ``aten._to_copy`` nodes.
 
@@ -102,8 +110,12 @@ def _drop_leftover_proxies(module: torch.nn.Module) -> None:
 def _plain_signature(fn: Callable, n: int) -> bool:
     # make_fx names placeholders from the code object, which must then take exactly n arguments.
     code = getattr(fn, "__code__", None)
-    return (isinstance(fn, types.FunctionType) and code.co_argcount == n and not code.co_kwonlyargcount
-            and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS))
+    return (
+        isinstance(fn, types.FunctionType)
+        and code.co_argcount == n
+        and not code.co_kwonlyargcount
+        and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    )
 
 
 def cast_nodes(gm: torch.fx.GraphModule) -> List[torch.fx.Node]:

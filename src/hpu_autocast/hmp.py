@@ -53,6 +53,8 @@ _OPT_LEVELS = {"O1": "hmp", "O2": "hmp-O2"}
 
 # Thread -> the region convert() opened there.
 _converted = threading.local()
+
+
 def _uncast(fn):
     @functools.wraps(fn)
     def run_uncast(*args, **kwargs):
@@ -85,8 +87,7 @@ def _verbose_logger() -> logging.Logger:
     return log
 
 
-def convert(opt_level: str = "O1", bf16_file_path: str = "", fp32_file_path: str = "",
-            isVerbose: bool = False) -> None:
+def convert(opt_level: str = "O1", bf16_file_path: str = "", fp32_file_path: str = "", isVerbose: bool = False) -> None:
     """Turn mixed precision on for this thread until the process ends (HMP's ``convert``).
 
     Args:
@@ -103,9 +104,12 @@ def convert(opt_level: str = "O1", bf16_file_path: str = "", fp32_file_path: str
         raise RuntimeError("hmp.convert was already called in this thread; call hmp.reset() first")
     if opt_level == "O2":
         if bf16_file_path or fp32_file_path:
-            warnings.warn("hmp.convert(opt_level='O2') ignores bf16_file_path and fp32_file_path: O2 runs "
-                          "GEMMs and convolutions in bfloat16 and everything else in float32", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "hmp.convert(opt_level='O2') ignores bf16_file_path and fp32_file_path: O2 runs "
+                "GEMMs and convolutions in bfloat16 and everything else in float32",
+                UserWarning,
+                stacklevel=2,
+            )
         policy = get_preset("hmp-O2")
     else:
         policy = policy_from_files("hmp", lower=bf16_file_path or None, fp32=fp32_file_path or None)

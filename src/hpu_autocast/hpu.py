@@ -31,12 +31,22 @@ import torch
 from . import _engine
 from ._facts.devices import check_dtype, default_cache_enabled  # the HPU's device rules, with every device's
 
-__all__ = ["backend_loaded", "hpu_importable", "default_cache_enabled", "check_dtype",
-           "default_device", "lazy_mode", "mark_step", "wrap_in_hpu_graph"]
+__all__ = [
+    "backend_loaded",
+    "hpu_importable",
+    "default_cache_enabled",
+    "check_dtype",
+    "default_device",
+    "lazy_mode",
+    "mark_step",
+    "wrap_in_hpu_graph",
+]
 
 _MODULE = "habana_frameworks.torch"
-_MISSING = ("the Intel Gaudi PyTorch bridge (habana_frameworks.torch) is not installed; it ships "
-            "with the Intel Gaudi software stack, not on PyPI")
+_MISSING = (
+    "the Intel Gaudi PyTorch bridge (habana_frameworks.torch) is not installed; it ships "
+    "with the Intel Gaudi software stack, not on PyPI"
+)
 
 
 def backend_loaded() -> bool:
@@ -66,8 +76,11 @@ def default_device() -> str:
         try:
             importlib.import_module(_MODULE + ".core")
         except ImportError as e:
-            warnings.warn(f"hpu_autocast: habana_frameworks is installed but did not import ({e}); "
-                          "not using HPU", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"hpu_autocast: habana_frameworks is installed but did not import ({e}); not using HPU",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         else:
             hpu = getattr(torch, "hpu", None) or importlib.import_module(_MODULE + ".hpu")
             if hpu.is_available():
@@ -174,11 +187,14 @@ def _without_graphs(module: torch.nn.Module) -> torch.nn.Module:
     """``module`` unchanged but for a no-op ``clear_cache``, with the warning of the Note: HPU
     graphs in eager mode."""
     mode = "eager" if not lazy_mode() else "this"
-    warnings.warn(f"hpu_autocast.hpu.wrap_in_hpu_graph: Gaudi's bridge has no wrap_in_hpu_graph in {mode} mode "
-                  f"(bridge 1.19 exports it with PT_HPU_LAZY_MODE=1 only); {type(module).__name__} runs without "
-                  f"HPU graphs, each call eagerly with its region's casts. Set PT_HPU_LAZY_MODE=1 before importing "
-                  f"habana_frameworks for HPU graphs, or use torch.compile(backend=\"hpu_backend\") in eager mode.",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"hpu_autocast.hpu.wrap_in_hpu_graph: Gaudi's bridge has no wrap_in_hpu_graph in {mode} mode "
+        f"(bridge 1.19 exports it with PT_HPU_LAZY_MODE=1 only); {type(module).__name__} runs without "
+        f"HPU graphs, each call eagerly with its region's casts. Set PT_HPU_LAZY_MODE=1 before importing "
+        f'habana_frameworks for HPU graphs, or use torch.compile(backend="hpu_backend") in eager mode.',
+        RuntimeWarning,
+        stacklevel=3,
+    )
     if not hasattr(module, "clear_cache"):
         module.clear_cache = lambda: None
     return module

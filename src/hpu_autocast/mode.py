@@ -23,6 +23,7 @@ from .report import Recorder
 
 __all__ = ["HpuAutocastMode", "disable_casts", "is_enabled", "get_dtype", "get_policy", "record", "default_device_type"]
 
+
 def default_device_type(policy: Optional[Policy] = None) -> str:
     """The device type a region of ``policy`` casts for when given none: the policy's own
     (``cpu`` for ``torch-cpu``), else the device this process runs on (``hpu`` once Gaudi's bridge
@@ -65,8 +66,7 @@ class _Steps:
 
 def _check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"HpuAutocastMode: {name} must be True or False, got {value!r} "
-                        f"({type(value).__name__})")
+        raise TypeError(f"HpuAutocastMode: {name} must be True or False, got {value!r} ({type(value).__name__})")
     return value
 
 
@@ -104,10 +104,19 @@ class HpuAutocastMode:
     its settings: the copy is a new mode, not entered.
     """
 
-    def __init__(self, dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
-                 device_type: Optional[str] = None, enabled: bool = True, cache_enabled: Optional[bool] = None,
-                 observer: Optional[Callable[[Event], None]] = None, verbose: bool = False,
-                 record: bool = False, modules: Optional[Mapping[str, object]] = None) -> None:
+    def __init__(
+        self,
+        dtype: torch.dtype = torch.bfloat16,
+        *,
+        policy: Union[str, Policy] = "hpu",
+        device_type: Optional[str] = None,
+        enabled: bool = True,
+        cache_enabled: Optional[bool] = None,
+        observer: Optional[Callable[[Event], None]] = None,
+        verbose: bool = False,
+        record: bool = False,
+        modules: Optional[Mapping[str, object]] = None,
+    ) -> None:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"HpuAutocastMode: dtype must be a torch.dtype, got {dtype!r}")
         if not (type(enabled) is bool and type(verbose) is bool and type(record) is bool):  # noqa: E721
@@ -120,8 +129,10 @@ class HpuAutocastMode:
         if cache_enabled is not None:
             _check_flag("cache_enabled", cache_enabled)
         if observer is not None and not callable(observer):
-            raise TypeError(f"HpuAutocastMode: observer must be callable (it is called with each "
-                            f"hpu_autocast.events.Event), got {observer!r}")
+            raise TypeError(
+                f"HpuAutocastMode: observer must be callable (it is called with each "
+                f"hpu_autocast.events.Event), got {observer!r}"
+            )
         # Note: a disabled region reads no policy: turning casting off must never fail over a
         # policy (a missing PT_HPU_AUTOCAST_*_OPS_LIST file, say).
         self.policy: Optional[Policy] = _as_policy(policy) if self.enabled else None
@@ -131,8 +142,10 @@ class HpuAutocastMode:
         if device_type is None:
             device_type = default_device_type(self.policy) if self.enabled else None
         elif not isinstance(device_type, str) or device_type not in _devices.REGION_DEVICE_TYPES:
-            raise ValueError(f"HpuAutocastMode: unknown device_type {device_type!r}; accepted: "
-                             f"{', '.join(_devices.REGION_DEVICE_TYPES)}")
+            raise ValueError(
+                f"HpuAutocastMode: unknown device_type {device_type!r}; accepted: "
+                f"{', '.join(_devices.REGION_DEVICE_TYPES)}"
+            )
         self.device_type = device_type
         # Note: what a device forbids follows the region's device, not the process: with Gaudi's
         # bridge loaded, a CPU region still casts CPU tensors (float16 allowed, cache on), and an
@@ -142,8 +155,12 @@ class HpuAutocastMode:
             _devices.check_dtype(dtype, device_type)
         if self.enabled and device_type == "cuda" and not _devices._cuda_available():
             # As torch.autocast("cuda") warns (and disables itself): no tensor here is on CUDA.
-            warnings.warn("hpu_autocast: a region for device 'cuda', but CUDA is not available: it casts nothing "
-                          "(for CPU tensors use device_type='cpu' or a CPU policy)", UserWarning, stacklevel=2)
+            warnings.warn(
+                "hpu_autocast: a region for device 'cuda', but CUDA is not available: it casts nothing "
+                "(for CPU tensors use device_type='cpu' or a CPU policy)",
+                UserWarning,
+                stacklevel=2,
+            )
         self.dtype = dtype
         self.cache_enabled = _devices.default_cache_enabled(device_type) and cache_enabled is not False
         self.observer = observer
@@ -151,8 +168,10 @@ class HpuAutocastMode:
         self._recorder: Optional[Recorder] = None
         self._last_recorder: Optional[Recorder] = None
         if modules is not None and not self.enabled:
-            raise ValueError("HpuAutocastMode(enabled=False, modules=...): a disabled region casts nothing, so it "
-                             "has no module map; give modules= to the enabled region around it")
+            raise ValueError(
+                "HpuAutocastMode(enabled=False, modules=...): a disabled region casts nothing, so it "
+                "has no module map; give modules= to the enabled region around it"
+            )
         #: The parsed ``modules=`` map (``module_map.ModuleMap``), or ``None``.
         self.modules = _module_map.parse_modules(modules, dtype)
         self._modules_arg = modules
@@ -184,8 +203,15 @@ class HpuAutocastMode:
         compiled = compile_policy(self.policy) if self.enabled else None
         device = self.device_type or _outer_device()
         # A disabled region given no device turns all casting off, torch.autocast's too (disable_casts).
-        region = _engine.ask(compiled, self.dtype, device, self.enabled, self.cache_enabled,
-                             observer if self.enabled else None, every_device=self.device_type is None)
+        region = _engine.ask(
+            compiled,
+            self.dtype,
+            device,
+            self.enabled,
+            self.cache_enabled,
+            observer if self.enabled else None,
+            every_device=self.device_type is None,
+        )
         entered = self._regions[thread] = _engine.enter(region)
         if self.modules is not None:
             try:
@@ -213,19 +239,24 @@ class HpuAutocastMode:
             raise RuntimeError(
                 f"hpu_autocast: this HpuAutocastMode was entered in thread {', '.join(map(str, self._regions))} "
                 f"and exited from thread {threading.get_ident()}; its region stays open there: exit a region "
-                "in the thread that entered it")
+                "in the thread that entered it"
+            )
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn`` so each call runs in a fresh region with these settings."""
         if not callable(fn):
             # As torch.autocast()(3): a decorator given something else returned a wrapper that
             # failed only when called, far from the mistake.
-            raise TypeError(f"HpuAutocastMode()(fn) decorates a callable, got {fn!r} ({type(fn).__name__}); "
-                            "to cast a block, use it as a context manager: with HpuAutocastMode(...): ...")
+            raise TypeError(
+                f"HpuAutocastMode()(fn) decorates a callable, got {fn!r} ({type(fn).__name__}); "
+                "to cast a block, use it as a context manager: with HpuAutocastMode(...): ..."
+            )
 
         if inspect.isasyncgenfunction(fn):
-            raise TypeError(f"HpuAutocastMode()(fn): {fn.__qualname__} is an async generator, which a region cannot "
-                            "follow between its steps; enter the mode inside it: async with ... or with HpuAutocastMode(...)")
+            raise TypeError(
+                f"HpuAutocastMode()(fn): {fn.__qualname__} is an async generator, which a region cannot "
+                "follow between its steps; enter the mode inside it: async with ... or with HpuAutocastMode(...)"
+            )
         if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn):
             return self._decorate_steps(fn)
 
@@ -251,14 +282,17 @@ class HpuAutocastMode:
         across a suspension would cast the caller's code, or another task's, in between. So each
         step runs in the region and it closes when the step suspends; the cast cache lasts one step."""
         if inspect.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def coroutine(*args, **kwargs):
                 return await _Steps(self._clone(), fn(*args, **kwargs))
+
             return coroutine
 
         @functools.wraps(fn)
         def generator(*args, **kwargs):
             return (yield from _steps(self._clone(), fn(*args, **kwargs)))
+
         return generator
 
     def _recipe(self):
@@ -267,9 +301,16 @@ class HpuAutocastMode:
 
     def _settings(self) -> dict:
         """The keyword arguments that make a mode like this one (``dtype`` aside)."""
-        return dict(policy=self.policy if self.enabled else self._policy_arg, device_type=self.device_type,
-                    enabled=self.enabled, cache_enabled=self.cache_enabled, observer=self.observer,
-                    verbose=self.verbose, record=self.record, modules=self._modules_arg)
+        return dict(
+            policy=self.policy if self.enabled else self._policy_arg,
+            device_type=self.device_type,
+            enabled=self.enabled,
+            cache_enabled=self.cache_enabled,
+            observer=self.observer,
+            verbose=self.verbose,
+            record=self.record,
+            modules=self._modules_arg,
+        )
 
     def _clone(self) -> "HpuAutocastMode":
         return HpuAutocastMode(self.dtype, **self._settings())
@@ -302,8 +343,10 @@ class HpuAutocastMode:
         casts inserted, the matmul/conv FLOPs by dtype, and warnings. ``last=True``: the last
         region's alone."""
         if not self.record:
-            raise RuntimeError("HpuAutocastMode.report() needs HpuAutocastMode(..., record=True): "
-                               "recording costs time per call, so it is off unless asked for")
+            raise RuntimeError(
+                "HpuAutocastMode.report() needs HpuAutocastMode(..., record=True): "
+                "recording costs time per call, so it is off unless asked for"
+            )
         recorder = self._last_recorder if last else self._recorder
         if recorder is None:
             raise RuntimeError("HpuAutocastMode.report(): this mode has not been entered yet")
@@ -314,8 +357,10 @@ class HpuAutocastMode:
         self._recorder = self._last_recorder = None
 
     def __repr__(self) -> str:
-        return (f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy_name!r}, device_type={self.device_type!r}, "
-                f"enabled={self.enabled}, cache_enabled={self.cache_enabled})")
+        return (
+            f"HpuAutocastMode(dtype={self.dtype}, policy={self.policy_name!r}, device_type={self.device_type!r}, "
+            f"enabled={self.enabled}, cache_enabled={self.cache_enabled})"
+        )
 
 
 #: Observers every region entered reports to as well, and the (policy, dtype) of each region

@@ -120,8 +120,10 @@ class ModuleMap:
     def key(self) -> str:
         """A string naming the map exactly (the compile guard's part for it; made once per map:
         it is read at each region's entry and each call of a root)."""
-        return ";".join(f"{p}={o.kind}:{o.dtype}:{o.policy.name if o.policy else ''}:"
-                        f"{id(o.policy) if o.policy else ''}" for p, o in self.entries)
+        return ";".join(
+            f"{p}={o.kind}:{o.dtype}:{o.policy.name if o.policy else ''}:{id(o.policy) if o.policy else ''}"
+            for p, o in self.entries
+        )
 
     @property
     def selectors(self) -> Tuple[str, ...]:
@@ -145,8 +147,10 @@ class ModuleMap:
 
 
 def _override(pattern: str, value, dtype: torch.dtype) -> Override:
-    accepted = ("torch.float32 or 'fp32', a lower dtype (torch.bfloat16, torch.float16, an fp8 dtype), "
-                "a preset name, a Policy, or None / 'off'")
+    accepted = (
+        "torch.float32 or 'fp32', a lower dtype (torch.bfloat16, torch.float16, an fp8 dtype), "
+        "a preset name, a Policy, or None / 'off'"
+    )
     if value is None or (isinstance(value, str) and value == "off"):
         return Override("off")
     if value is torch.float32 or (isinstance(value, str) and value in ("fp32", "float32")):
@@ -154,8 +158,10 @@ def _override(pattern: str, value, dtype: torch.dtype) -> Override:
     if isinstance(value, torch.dtype):
         if value.is_floating_point and value.itemsize < 4:
             return Override("dtype", dtype=value)
-        raise ValueError(f"HpuAutocastMode(modules=...): {pattern!r} maps to {value}, which is not a dtype a "
-                         f"region computes in; accepted: {accepted}")
+        raise ValueError(
+            f"HpuAutocastMode(modules=...): {pattern!r} maps to {value}, which is not a dtype a "
+            f"region computes in; accepted: {accepted}"
+        )
     if isinstance(value, (str, Policy)):
         try:
             policy = as_policy(value)
@@ -163,8 +169,9 @@ def _override(pattern: str, value, dtype: torch.dtype) -> Override:
             raise ValueError(f"HpuAutocastMode(modules=...): {pattern!r} maps to {value!r}: {e}") from None
         policy.check_dtype(dtype)
         return Override("policy", policy=policy)
-    raise TypeError(f"HpuAutocastMode(modules=...): {pattern!r} maps to {value!r} ({type(value).__name__}); "
-                    f"accepted: {accepted}")
+    raise TypeError(
+        f"HpuAutocastMode(modules=...): {pattern!r} maps to {value!r} ({type(value).__name__}); accepted: {accepted}"
+    )
 
 
 #: Parsed maps whose values are all dtypes, ``None`` or the strings below (nothing read from a
@@ -181,8 +188,10 @@ def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -
         return None
     if type(modules) is dict and type(dtype) is torch.dtype:
         key = (tuple(modules.items()), dtype)
-        if all(type(p) is str and (v is None or type(v) is torch.dtype or (type(v) is str and v in _PLAIN_VALUES))
-               for p, v in key[0]):
+        if all(
+            type(p) is str and (v is None or type(v) is torch.dtype or (type(v) is str and v in _PLAIN_VALUES))
+            for p, v in key[0]
+        ):
             got = _parsed.get(key)
             if got is None:
                 got = _parse(modules, dtype)
@@ -195,16 +204,22 @@ def parse_modules(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -
 
 def _parse(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -> Optional[ModuleMap]:
     if not isinstance(modules, Mapping):
-        raise TypeError(f"HpuAutocastMode: modules must be a mapping of module-name patterns to dtypes, "
-                        f"presets, Policies or None, got {modules!r} ({type(modules).__name__})")
+        raise TypeError(
+            f"HpuAutocastMode: modules must be a mapping of module-name patterns to dtypes, "
+            f"presets, Policies or None, got {modules!r} ({type(modules).__name__})"
+        )
     entries = []
     for pattern, value in modules.items():
         if not isinstance(pattern, str):
-            raise TypeError(f"HpuAutocastMode(modules=...): a pattern must be a string (a dotted module name "
-                            f"or an fnmatch glob such as 'h.*.attn'), got {pattern!r}")
+            raise TypeError(
+                f"HpuAutocastMode(modules=...): a pattern must be a string (a dotted module name "
+                f"or an fnmatch glob such as 'h.*.attn'), got {pattern!r}"
+            )
         if pattern.startswith("<") and pattern not in SELECTORS:
-            raise ValueError(f"HpuAutocastMode(modules=...): {pattern!r} is no selector; accepted: "
-                             f"{', '.join(map(repr, SELECTORS))} (first_last()), or a module name or glob")
+            raise ValueError(
+                f"HpuAutocastMode(modules=...): {pattern!r} is no selector; accepted: "
+                f"{', '.join(map(repr, SELECTORS))} (first_last()), or a module name or glob"
+            )
         entries.append((pattern, _override(pattern, value, dtype)))
     return ModuleMap(tuple(entries)) if entries else None
 
@@ -213,12 +228,11 @@ def _parse(modules: Optional[Mapping[str, object]], dtype: torch.dtype) -> Optio
 class _Active:
     """A region's map in force in one context: what its hooks read."""
 
-    __slots__ = ("map", "make", "thread", "root", "resolved", "hits", "stack", "matched", "names", "tokens",
-                 "kw_hooks")
+    __slots__ = ("map", "make", "thread", "root", "resolved", "hits", "stack", "matched", "names", "tokens", "kw_hooks")
 
     def __init__(self, map_: ModuleMap, make, root=None, resolved=None) -> None:
         self.map = map_
-        self.make = make          # Override, module name -> an HpuAutocastMode for it (not entered)
+        self.make = make  # Override, module name -> an HpuAutocastMode for it (not entered)
         self.thread = threading.get_ident()
         self.root = root
         self.resolved: Optional[Dict[object, Tuple[str, str, Override]]] = resolved
@@ -309,12 +323,14 @@ def _keywords_hook(module, args, kwargs):
 def cast_inputs(args: tuple) -> tuple:
     """``args`` with each floating tensor of a lower precision than float32 (also in a list or
     tuple) cast to float32 (float64 and float32 stay)."""
+
     def cast(a):
         if isinstance(a, torch.Tensor):
             return a.float() if a.is_floating_point() and a.element_size() < 4 else a
         if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
             return type(a)(cast(x) for x in a)
         return a
+
     return tuple(cast(a) for a in args)
 
 
@@ -355,8 +371,11 @@ def _resolve(root, map_: ModuleMap):
     # module through a weak proxy of the dict key only, so the root maps under a sentinel.
     if root in resolved:
         resolved[_ROOT] = resolved.pop(root)
-    matched = {p for p, _ in map_.entries
-               if (p in selected if p in SELECTORS else any(fnmatch.fnmatchcase(n, p) for n in all_names))}
+    matched = {
+        p
+        for p, _ in map_.entries
+        if (p in selected if p in SELECTORS else any(fnmatch.fnmatchcase(n, p) for n in all_names))
+    }
     got = per_root[map_.key] = (_RootView(root, resolved), names, matched, seen)
     return got[:3]
 
@@ -420,7 +439,8 @@ def _check_fsdp(named, resolved) -> None:
                     f"(fully_shard({shown}, mp_policy=MixedPrecisionPolicy(param_dtype={dtype}))), so it "
                     f"would compute in {str(dtype).replace('torch.', '')}. Give it a fully_shard of its own "
                     f"with MixedPrecisionPolicy(param_dtype=torch.float32) (before its parent's), or map it "
-                    f"to {dtype} (docs/modules.md, FSDP2)")
+                    f"to {dtype} (docs/modules.md, FSDP2)"
+                )
 
 
 def _module_ids(root) -> tuple:
@@ -608,8 +628,11 @@ def warn_unmatched(active: _Active, warned: set) -> None:
             why = "the model has no leaf linear layer (nn.Linear, Hugging Face's Conv1D) nor output head"
         else:
             why = f"names are relative to the model, e.g. {names}"
-        warnings.warn(f"hpu_autocast: modules= pattern {pattern!r} matched no module of the model ({why})",
-                      UserWarning, stacklevel=4)
+        warnings.warn(
+            f"hpu_autocast: modules= pattern {pattern!r} matched no module of the model ({why})",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _capture():
@@ -656,12 +679,15 @@ def open_map(mode, observer, recorder=None) -> _Active:
             return HpuAutocastMode(enabled=False)
         tagged = None
         if observer is not None:
+
             def tagged(event, _name=name):
                 observer(event._replace(module=_name))
+
         dtype = override.dtype if override.kind == "dtype" else mode.dtype
         policy = override.policy if override.kind == "policy" else mode.policy
-        return HpuAutocastMode(dtype, policy=policy, device_type=mode.device_type,
-                               cache_enabled=mode.cache_enabled, observer=tagged)
+        return HpuAutocastMode(
+            dtype, policy=policy, device_type=mode.device_type, cache_enabled=mode.cache_enabled, observer=tagged
+        )
 
     active = _Active(mode.modules, make)
     active.tokens = activate(active)

@@ -27,12 +27,12 @@ __all__ = ["compare", "compare_outputs", "Comparison", "OutputError"]
 class OutputError:
     """How one floating output of the mixed run differs from the float32 run."""
 
-    name: str                 #: path in the output structure: ``out``, ``out[0]``, ``out['loss']``
-    dtype: torch.dtype        #: dtype of the mixed-precision output
+    name: str  #: path in the output structure: ``out``, ``out[0]``, ``out['loss']``
+    dtype: torch.dtype  #: dtype of the mixed-precision output
     max_abs: float
     max_rel: float
-    nonfinite: bool           #: the mixed output has an inf or nan
-    ref_nonfinite: bool       #: the float32 output has an inf or nan
+    nonfinite: bool  #: the mixed output has an inf or nan
+    ref_nonfinite: bool  #: the float32 output has an inf or nan
 
 
 class Comparison:
@@ -62,9 +62,16 @@ class Comparison:
 
     def __str__(self) -> str:
         head = ["output", "dtype", "max abs err", "max rel err", "inf/nan"]
-        rows = [[o.name, short_dtype(o.dtype), f"{o.max_abs:.3e}", f"{o.max_rel:.3e}",
-                 ("yes" if o.nonfinite else "no") + (" (also in float32)" if o.ref_nonfinite else "")]
-                for o in self.outputs]
+        rows = [
+            [
+                o.name,
+                short_dtype(o.dtype),
+                f"{o.max_abs:.3e}",
+                f"{o.max_rel:.3e}",
+                ("yes" if o.nonfinite else "no") + (" (also in float32)" if o.ref_nonfinite else ""),
+            ]
+            for o in self.outputs
+        ]
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows])
 
@@ -82,8 +89,9 @@ def _error(name: str, ref: torch.Tensor, out: torch.Tensor) -> OutputError:
     max_abs = diff.max().item() if diff.numel() else 0.0
     scale = r.abs()[finite].max().item() if diff.numel() else 0.0
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    return OutputError(name, out.dtype, max_abs, max_rel,
-                       not bool(torch.isfinite(o).all()), not bool(torch.isfinite(r).all()))
+    return OutputError(
+        name, out.dtype, max_abs, max_rel, not bool(torch.isfinite(o).all()), not bool(torch.isfinite(r).all())
+    )
 
 
 def compare_outputs(ref, out) -> Comparison:
@@ -93,8 +101,9 @@ def compare_outputs(ref, out) -> Comparison:
     ref_leaves, ref_spec = tree_flatten_with_path(ref)
     out_leaves, out_spec = tree_flatten_with_path(out)
     if ref_spec != out_spec:
-        raise ValueError(f"fn returned differently structured outputs: {ref_spec} in float32, "
-                         f"{out_spec} under the mode")
+        raise ValueError(
+            f"fn returned differently structured outputs: {ref_spec} in float32, {out_spec} under the mode"
+        )
     errors = []
     for (path, r), (_, o) in zip(ref_leaves, out_leaves):
         if isinstance(r, torch.Tensor) and isinstance(o, torch.Tensor) and r.is_floating_point():
@@ -104,8 +113,7 @@ def compare_outputs(ref, out) -> Comparison:
     return Comparison(errors)
 
 
-def compare(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu",
-            **mode_kwargs) -> Comparison:
+def compare(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu", **mode_kwargs) -> Comparison:
     """Run ``fn(*inputs)`` as is (float32) and under ``HpuAutocastMode(dtype, policy=policy)``,
     and report, per floating tensor output, the max absolute and relative error and whether an
     inf or nan appeared. Errors are measured in float64 over the elements finite in both runs."""

@@ -49,13 +49,29 @@ _PRUNE_AT = 4096
 
 #: Composites that decompose into the registry's matmul/conv/attention ops. Packets the
 #: registry names directly (mm, addmm, bmm, convolution, ...) are added below.
-_FLOP_COMPOSITES = frozenset({
-    "linear", "matmul", "bilinear", "einsum", "tensordot", "addbmm", "chain_matmul", "linalg_multi_dot",
-    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_tbc",
-    "scaled_dot_product_attention",
-})
+_FLOP_COMPOSITES = frozenset(
+    {
+        "linear",
+        "matmul",
+        "bilinear",
+        "einsum",
+        "tensordot",
+        "addbmm",
+        "chain_matmul",
+        "linalg_multi_dot",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "conv_tbc",
+        "scaled_dot_product_attention",
+    }
+)
 _FLOP_OPS = _FLOP_COMPOSITES | frozenset(
-    getattr(p, "_qualified_op_name", str(p)).split("::")[-1] for p in flop_registry)
+    getattr(p, "_qualified_op_name", str(p)).split("::")[-1] for p in flop_registry
+)
 
 
 @dataclass
@@ -64,8 +80,8 @@ class Row:
 
     op: str
     action: str
-    inputs: str      #: ``f32,f32``
-    compute: str     #: ``bf16``
+    inputs: str  #: ``f32,f32``
+    compute: str  #: ``bf16``
     calls: int = 0
     casts: int = 0
     cast_bytes: int = 0
@@ -143,7 +159,7 @@ class Recorder:
         self.dtype = dtype
         self.recipe = recipe  # an fp8 region's scaling recipe (Policy.fp8), shown beside its dtype
         self._fp8_products: Dict[str, None] = {}  # which fp8 products ran: "emulated", "_scaled_mm"
-        self._warnings: Dict[tuple, list] = {}   # key -> [message, count, {op: None}]
+        self._warnings: Dict[tuple, list] = {}  # key -> [message, count, {op: None}]
         self._casts: Dict[Tuple[int, torch.dtype], list] = {}  # (id, dtype) -> [ref, count, ops, version]
         self._prune_at = _PRUNE_AT
         self._flop_cache: Dict[tuple, Optional[int]] = {}
@@ -167,8 +183,9 @@ class Recorder:
         key = (name, action, event.inputs, event.compute)
         row = self.rows.get(key)
         if row is None:
-            row = self.rows[key] = Row(name, action, ",".join(map(short_dtype, event.inputs)),
-                                       short_dtype(event.compute))
+            row = self.rows[key] = Row(
+                name, action, ",".join(map(short_dtype, event.inputs)), short_dtype(event.compute)
+            )
         row.calls += 1
         row.casts += event.new_casts
         row.cast_bytes += event.cast_bytes
@@ -184,8 +201,10 @@ class Recorder:
         if event.compute is torch.float8_e4m3fn:  # _fp8.route's reason says an emulated product
             self._fp8_products["emulated" if event.reason == _fp8.EMULATED else "_scaled_mm"] = None
         if event.reason and event.reason.startswith("fp8 fallback"):  # _fp8.route: a GEMM in bf16
-            self._warn(("fp8", name, event.reason), f"{name} ran in {short_dtype(event.compute)}, not fp8: "
-                       f"{event.reason[len('fp8 fallback: '):]}")
+            self._warn(
+                ("fp8", name, event.reason),
+                f"{name} ran in {short_dtype(event.compute)}, not fp8: {event.reason[len('fp8 fallback: ') :]}",
+            )
         self._check(event, action)
 
     def _flops_of(self, op, args, kwargs, compute: Optional[torch.dtype]) -> Optional[int]:
@@ -213,8 +232,13 @@ class Recorder:
         entry[1] += 1
         # One warning per kind of tensor, not per tensor: a training loop repeats its casts.
         desc = f"{short_dtype(t.dtype)}{list(t.shape)}"
-        self._warn(("recast", desc, target), f"{desc} tensor cast to {short_dtype(target)} again while unchanged: "
-                   "{n} extra cast(s) (by {ops}); cast it once and reuse the copy", entry[2][0], op)
+        self._warn(
+            ("recast", desc, target),
+            f"{desc} tensor cast to {short_dtype(target)} again while unchanged: "
+            "{n} extra cast(s) (by {ops}); cast it once and reuse the copy",
+            entry[2][0],
+            op,
+        )
         entry[2].append(op)
 
     def _check(self, event: Event, action: str) -> None:
@@ -223,14 +247,20 @@ class Recorder:
             mixed = {t.dtype for t in _tensors(event.args, event.kwargs) if t.is_floating_point() and t.dim() > 0}
             if len(mixed) > 1:
                 names = ",".join(short_dtype(t) for t in sorted(mixed, key=str))
-                self._warn(("mixed", event.name), f"{event.name} is on no list and got mixed floating dtypes "
-                           f"({names}): it runs in {short_dtype(event.compute)} by type promotion; list it to decide")
+                self._warn(
+                    ("mixed", event.name),
+                    f"{event.name} is on no list and got mixed floating dtypes "
+                    f"({names}): it runs in {short_dtype(event.compute)} by type promotion; list it to decide",
+                )
         elif event.action is CastPolicy.FP32 and event.outcome is Outcome.CAST:
             low = sorted({short_dtype(t) for t in event.inputs if t in _LOWER_DTYPES})
             if low:
-                self._warn(("fp32-fed", event.name), f"{event.name} (fp32 list) got {','.join(low)} input: it "
-                           "computes in f32 from values already rounded; move their producer to the fp32 list "
-                           "if that matters")
+                self._warn(
+                    ("fp32-fed", event.name),
+                    f"{event.name} (fp32 list) got {','.join(low)} input: it "
+                    "computes in f32 from values already rounded; move their producer to the fp32 list "
+                    "if that matters",
+                )
 
     def _warn(self, key: tuple, message: str, *ops: str) -> None:
         # message may name {n} (how many times) and {ops} (the ops involved); otherwise a
@@ -286,8 +316,14 @@ class PrecisionReport:
     """What ran in which dtype in one recording. ``str()`` is a readable table;
     ``to_json()``, ``to_markdown()`` and ``plot(path)`` give the same data in other forms."""
 
-    def __init__(self, rows: List[Row], warnings: List[str], policy: Optional[str], dtype: Optional[str],
-                 engine: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        rows: List[Row],
+        warnings: List[str],
+        policy: Optional[str],
+        dtype: Optional[str],
+        engine: Optional[str] = None,
+    ) -> None:
         self.rows = rows
         self.warnings = warnings
         self.policy = policy
@@ -355,14 +391,26 @@ class PrecisionReport:
         return lines
 
     def _cells(self) -> List[List[str]]:
-        return [[r.op, r.action, r.dtypes, str(r.calls), str(r.casts), str(r.cast_bytes),
-                 "-" if r.flops is None else str(r.flops)] for r in self.rows]
+        return [
+            [
+                r.op,
+                r.action,
+                r.dtypes,
+                str(r.calls),
+                str(r.casts),
+                str(r.cast_bytes),
+                "-" if r.flops is None else str(r.flops),
+            ]
+            for r in self.rows
+        ]
 
     _HEADER = ["op", "action", "dtypes", "calls", "casts", "cast bytes", "FLOPs"]
 
     def __str__(self) -> str:
-        head = (f"hpu_autocast precision report: policy {self.policy or '?'}, dtype {self.dtype or '?'}, "
-                f"engine {self.engine}")
+        head = (
+            f"hpu_autocast precision report: policy {self.policy or '?'}, dtype {self.dtype or '?'}, "
+            f"engine {self.engine}"
+        )
         lines = [head, *_table(self._HEADER, self._cells(), {3, 4, 5, 6}), "", *self._summary()]
         if self.modules:
             lines += ["", *self._module_lines()]
@@ -373,16 +421,24 @@ class PrecisionReport:
     def _module_lines(self) -> List[str]:
         """The by-module section: each module a ``modules=`` map matched, its override, forwards
         and the policy calls decided in it by compute dtype (a float32 or off module decides none)."""
-        cells = [[name or "(model)", e["override"], str(e["forwards"]),
-                  ", ".join(f"{d} {n}" for d, n in sorted(e["calls"].items())) or "-"]
-                 for name, e in self.modules.items()]
+        cells = [
+            [
+                name or "(model)",
+                e["override"],
+                str(e["forwards"]),
+                ", ".join(f"{d} {n}" for d, n in sorted(e["calls"].items())) or "-",
+            ]
+            for name, e in self.modules.items()
+        ]
         return ["by module:", *_table(["module", "runs as", "forwards", "calls by dtype"], cells, {2})]
 
     def to_markdown(self) -> str:
-        lines = [f"**hpu_autocast precision report**: policy `{self.policy}`, dtype `{self.dtype}`, "
-                 f"engine `{self.engine}`", "",
-                 "| " + " | ".join(self._HEADER) + " |",
-                 "| " + " | ".join("---:" if i >= 3 else "---" for i in range(len(self._HEADER))) + " |"]
+        lines = [
+            f"**hpu_autocast precision report**: policy `{self.policy}`, dtype `{self.dtype}`, engine `{self.engine}`",
+            "",
+            "| " + " | ".join(self._HEADER) + " |",
+            "| " + " | ".join("---:" if i >= 3 else "---" for i in range(len(self._HEADER))) + " |",
+        ]
         for c in self._cells():
             c = [f"`{c[0]}`", *c[1:]]
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in c) + " |")
@@ -393,10 +449,14 @@ class PrecisionReport:
 
     def to_dict(self) -> dict:
         return {
-            "policy": self.policy, "dtype": self.dtype, "engine": self.engine,
+            "policy": self.policy,
+            "dtype": self.dtype,
+            "engine": self.engine,
             "rows": [asdict(r) for r in self.rows],
-            "casts": self.casts, "cast_bytes": self.cast_bytes,
-            "flops_by_dtype": self.flops_by_dtype, "lower_flop_share": self.lower_flop_share,
+            "casts": self.casts,
+            "cast_bytes": self.cast_bytes,
+            "flops_by_dtype": self.flops_by_dtype,
+            "lower_flop_share": self.lower_flop_share,
             "warnings": list(self.warnings),
             **({"modules": self.modules} if self.modules else {}),
         }

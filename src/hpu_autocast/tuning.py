@@ -99,14 +99,15 @@ Moved = FrozenSet[str]
 
 # --- what may move -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Unit:
     """An op name the search may move to the FP32 list, and how the start policy ran it."""
 
-    name: str               #: as a list file holds it: ``mean``, ``mylib::op``
-    ran_as: str             #: the start run's decision: ``lower``, ``promote``, ``not listed``, ...
-    calls: int              #: calls that computed in the lower dtype
-    flops: Optional[int]    #: matmul/conv FLOPs of those calls; ``None``: not matmul/conv-like
+    name: str  #: as a list file holds it: ``mean``, ``mylib::op``
+    ran_as: str  #: the start run's decision: ``lower``, ``promote``, ``not listed``, ...
+    calls: int  #: calls that computed in the lower dtype
+    flops: Optional[int]  #: matmul/conv FLOPs of those calls; ``None``: not matmul/conv-like
 
     @property
     def gemm(self) -> bool:
@@ -143,6 +144,7 @@ def _units(report, dtype: torch.dtype, fp8_only: bool = False) -> List[_Unit]:
 
 
 # --- modules as units ----------------------------------------------------------------------------
+
 
 class _ModuleCalls:
     """Which module each call of the start run ran in, as a module map names it: global forward
@@ -186,8 +188,11 @@ class _ModuleCalls:
 
     def __enter__(self) -> "_ModuleCalls":
         from torch.nn.modules import module as nn_module
-        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
-                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
+        ]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -204,8 +209,9 @@ def _module_units(calls: _ModuleCalls, dtype: torch.dtype) -> List[_Unit]:
         ops = _units(rec.report(), dtype, fp8_only=is_fp8(dtype))
         if ops:
             flops = [u.flops for u in ops if u.flops is not None]
-            out.append(_Unit(name, ", ".join(u.name for u in ops), sum(u.calls for u in ops),
-                             sum(flops) if flops else None))
+            out.append(
+                _Unit(name, ", ".join(u.name for u in ops), sum(u.calls for u in ops), sum(flops) if flops else None)
+            )
     return out
 
 
@@ -240,6 +246,7 @@ class _Maps:
 
 
 # --- policies as list names ----------------------------------------------------------------------
+
 
 def _spelled(op: OpOverload) -> str:
     """``aten::add.Tensor``: one overload, as a list file may name it."""
@@ -297,6 +304,7 @@ class _Lists:
 
 # --- runs ----------------------------------------------------------------------------------------
 
+
 class _OutOfRuns(Exception):
     """``max_runs`` runs were made."""
 
@@ -305,8 +313,16 @@ class _Runner:
     """Runs ``fn(*inputs)`` (each run from the same RNG state), counts the runs, and measures
     a run's outputs against the float32 reference with the metric."""
 
-    def __init__(self, fn: Callable, inputs: tuple, dtype: torch.dtype, device_type: Optional[str],
-                 metric: Optional[Callable], max_runs: int, progress: Optional[Callable[[str], None]]) -> None:
+    def __init__(
+        self,
+        fn: Callable,
+        inputs: tuple,
+        dtype: torch.dtype,
+        device_type: Optional[str],
+        metric: Optional[Callable],
+        max_runs: int,
+        progress: Optional[Callable[[str], None]],
+    ) -> None:
         self.fn, self.inputs, self.dtype, self.device_type = fn, inputs, dtype, device_type
         self.metric, self.max_runs, self.progress = metric, max_runs, progress
         self.runs = 0
@@ -320,8 +336,9 @@ class _Runner:
         torch.random.set_rng_state(self._rng)
         if policy is None:
             return self.fn(*self.inputs)
-        with HpuAutocastMode(self.dtype, policy=policy, device_type=self.device_type, observer=observer,
-                             modules=modules or None):
+        with HpuAutocastMode(
+            self.dtype, policy=policy, device_type=self.device_type, observer=observer, modules=modules or None
+        ):
             return self.fn(*self.inputs)
 
     def error(self, out) -> float:
@@ -345,13 +362,21 @@ class _Runner:
 
 # --- the search ----------------------------------------------------------------------------------
 
+
 class _Search:
     """The search of the module's Note over units and an error function of moved sets."""
 
-    def __init__(self, units: Sequence[_Unit], error: Callable[[Moved], float], tolerance: float,
-                 runs_left: Callable[[], int], say: Callable[[str], None] = lambda line: None,
-                 noun: str = "ops", target: str = "float32",
-                 closure: Callable[[Moved], Moved] = lambda moved: moved) -> None:
+    def __init__(
+        self,
+        units: Sequence[_Unit],
+        error: Callable[[Moved], float],
+        tolerance: float,
+        runs_left: Callable[[], int],
+        say: Callable[[str], None] = lambda line: None,
+        noun: str = "ops",
+        target: str = "float32",
+        closure: Callable[[Moved], Moved] = lambda moved: moved,
+    ) -> None:
         self.noun, self.target = noun, target  # the progress lines' words: "ops" / "modules", "float32"
         self.closure = closure  # the units a moved set moves (per module: a module moves what it holds)
         self.units = list(units)
@@ -363,7 +388,7 @@ class _Search:
         self.errors: Dict[Moved, float] = {}
         self.alone_moved: Dict[str, float] = {}
         self.alone_lower: Dict[str, float] = {}
-        self.best: Optional[Moved] = None     # the best set within tolerance so far
+        self.best: Optional[Moved] = None  # the best set within tolerance so far
         self.reached: Optional[Moved] = None  # the prefix the reach phase found
         self.exhausted = False
 
@@ -424,15 +449,15 @@ class _Search:
             for u in units:
                 # Everything else moved: every unit whose move does not move u (per module: not
                 # a module holding it).
-                rest = frozenset(v for v in (everything if u.gemm else floor)
-                                 if u.name not in self.closure(frozenset({v})))
+                rest = frozenset(
+                    v for v in (everything if u.gemm else floor) if u.name not in self.closure(frozenset({v}))
+                )
                 with_gemms = "" if u.gemm or floor == everything else f" (and the matmul/conv {self.noun})"
                 self.alone_lower[u.name] = self.error(rest, "alone lower", u.name + with_gemms)
         harm = lambda u: self.alone_lower.get(u.name, 0.0)  # noqa: E731
         helped = lambda u: self.alone_moved.get(u.name, 0.0)  # noqa: E731
         others = sorted((u for u in units if not u.gemm), key=lambda u: (-harm(u), helped(u), -u.calls, u.name))
-        gemms = sorted((u for u in units if u.gemm),
-                       key=lambda u: (-harm(u) / max(u.flops, 1), u.flops, u.name))
+        gemms = sorted((u for u in units if u.gemm), key=lambda u: (-harm(u) / max(u.flops, 1), u.flops, u.name))
         return others + gemms
 
     def _reach(self, order: List[_Unit]) -> Optional[Moved]:
@@ -458,8 +483,7 @@ class _Search:
         rank = {u.name: i for i, u in enumerate(order)}
         while True:
             before = moved
-            for g in sorted((self.by_name[n] for n in moved if self.by_name[n].gemm),
-                            key=lambda u: (-u.flops, u.name)):
+            for g in sorted((self.by_name[n] for n in moved if self.by_name[n].gemm), key=lambda u: (-u.flops, u.name)):
                 if self.ok(moved - {g.name}, "prune"):
                     moved = moved - {g.name}
             others = sorted((n for n in moved if not self.by_name[n].gemm), key=lambda n: -rank[n])
@@ -473,7 +497,7 @@ class _Search:
         n = 2
         while items:
             size = math.ceil(len(items) / min(n, len(items)))
-            chunks = [items[i:i + size] for i in range(0, len(items), size)]
+            chunks = [items[i : i + size] for i in range(0, len(items), size)]
             for chunk in chunks:
                 candidate = moved - frozenset(chunk)
                 if self.ok(candidate, "prune"):
@@ -489,18 +513,19 @@ class _Search:
 
 # --- the result ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TuneRow:
     """One op the search could move: how the start policy ran it, what the sensitivity runs
     measured, and what the search did with it."""
 
-    op: str                              #: the list name: ``mean``
-    ran_as: str                          #: the start run's decision: ``lower``, ``promote``, ``not listed``
-    calls: int                           #: calls that computed in the lower dtype in the start run
-    flops: Optional[int]                 #: their matmul/conv FLOPs (``None``: not matmul/conv-like)
-    moved_alone: Optional[float]         #: error with only this op moved to float32
-    alone_lower: Optional[float]         #: error with only this op (and the matmul/conv ops) lower
-    moved: bool                          #: on the tuned policy's FP32 list
+    op: str  #: the list name: ``mean``
+    ran_as: str  #: the start run's decision: ``lower``, ``promote``, ``not listed``
+    calls: int  #: calls that computed in the lower dtype in the start run
+    flops: Optional[int]  #: their matmul/conv FLOPs (``None``: not matmul/conv-like)
+    moved_alone: Optional[float]  #: error with only this op moved to float32
+    alone_lower: Optional[float]  #: error with only this op (and the matmul/conv ops) lower
+    moved: bool  #: on the tuned policy's FP32 list
     why: str
 
 
@@ -514,10 +539,26 @@ class TuneResult:
     number of ``runs``, and writers for Gaudi's list files and optimum-habana's
     ``gaudi_config.json``."""
 
-    def __init__(self, *, policy: Policy, start: Policy, dtype: torch.dtype, tolerance: float, error: float,
-                 start_error: float, moved: Tuple[str, ...], rows: Tuple[TuneRow, ...], lower: Tuple[str, ...],
-                 fp32: Tuple[str, ...], runs: int, max_runs: int, exhausted: bool, flops: Tuple[int, int],
-                 bf16_gemms: Tuple[str, ...] = (), modules: Optional[Dict[str, torch.dtype]] = None) -> None:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        start: Policy,
+        dtype: torch.dtype,
+        tolerance: float,
+        error: float,
+        start_error: float,
+        moved: Tuple[str, ...],
+        rows: Tuple[TuneRow, ...],
+        lower: Tuple[str, ...],
+        fp32: Tuple[str, ...],
+        runs: int,
+        max_runs: int,
+        exhausted: bool,
+        flops: Tuple[int, int],
+        bf16_gemms: Tuple[str, ...] = (),
+        modules: Optional[Dict[str, torch.dtype]] = None,
+    ) -> None:
         self.policy = policy
         #: ``tune(per_module=True)``: the module map found, ``{module name: dtype}``, for
         #: ``HpuAutocastMode(dtype, policy=result.policy, modules=result.modules)``; ``None`` for
@@ -550,8 +591,11 @@ class TuneResult:
 
     def gaudi_config(self) -> dict:
         """optimum-habana's ``GaudiConfig`` fields for this policy: autocast on, with its lists."""
-        return {"use_torch_autocast": True, "autocast_bf16_ops": list(self.lower_list),
-                "autocast_fp32_ops": list(self.fp32_list)}
+        return {
+            "use_torch_autocast": True,
+            "autocast_bf16_ops": list(self.lower_list),
+            "autocast_fp32_ops": list(self.fp32_list),
+        }
 
     def write_gaudi_config(self, path: "os.PathLike[str] | str") -> str:
         """Write ``gaudi_config()`` as JSON to ``path`` (a ``gaudi_config.json``); returns the path."""
@@ -588,10 +632,12 @@ class TuneResult:
         low = short_dtype(self.dtype)
         state = "within" if self.met else "NOT within"
         how = " per module" if self.modules is not None else ""
-        lines = [f"hpu_autocast tune{how}: policy {self.start.name} -> {self.policy.name}, dtype {low}, "
-                 f"tolerance {self.tolerance:.1e}",
-                 f"error: {self.start_error:.3e} at the start -> {self.error:.3e}, {state} tolerance",
-                 f"moved to {self.target}: {', '.join(self.moved) if self.moved else 'nothing'}"]
+        lines = [
+            f"hpu_autocast tune{how}: policy {self.start.name} -> {self.policy.name}, dtype {low}, "
+            f"tolerance {self.tolerance:.1e}",
+            f"error: {self.start_error:.3e} at the start -> {self.error:.3e}, {state} tolerance",
+            f"moved to {self.target}: {', '.join(self.moved) if self.moved else 'nothing'}",
+        ]
         if self.modules is not None:
             lines.append(f"modules={_map_repr(self.modules)}")
         kept, total = self.flops
@@ -605,9 +651,19 @@ class TuneResult:
     _MODULE_HEADER = ["module", "ops", "calls", "FLOPs", "moved alone", "alone lower", "result", "why"]
 
     def __str__(self) -> str:
-        cells = [[r.op if r.op or self.modules is None else "(root)", r.ran_as, str(r.calls),
-                  "-" if r.flops is None else str(r.flops), _fmt(r.moved_alone),
-                  _fmt(r.alone_lower), self.target if r.moved else "kept", r.why] for r in self.rows]
+        cells = [
+            [
+                r.op if r.op or self.modules is None else "(root)",
+                r.ran_as,
+                str(r.calls),
+                "-" if r.flops is None else str(r.flops),
+                _fmt(r.moved_alone),
+                _fmt(r.alone_lower),
+                self.target if r.moved else "kept",
+                r.why,
+            ]
+            for r in self.rows
+        ]
         lines = self._summary()
         if cells:
             header = self._HEADER if self.modules is None else self._MODULE_HEADER
@@ -616,8 +672,10 @@ class TuneResult:
 
     def __repr__(self) -> str:
         mods = "" if self.modules is None else f", modules={_map_repr(self.modules)}"
-        return (f"TuneResult(policy={self.policy.name!r}, error={self.error:.3e}, tolerance={self.tolerance:.1e}, "
-                f"moved={list(self.moved)}{mods}, runs={self.runs})")
+        return (
+            f"TuneResult(policy={self.policy.name!r}, error={self.error:.3e}, tolerance={self.tolerance:.1e}, "
+            f"moved={list(self.moved)}{mods}, runs={self.runs})"
+        )
 
 
 def _map_repr(modules: Dict[str, torch.dtype]) -> str:
@@ -641,6 +699,7 @@ def _why(search: _Search, unit: _Unit, moved: Moved, low: str) -> str:
 
 # --- the entry point -----------------------------------------------------------------------------
 
+
 def _start(runner: "_Runner", start: Policy, recorder: Recorder, calls: Optional[_ModuleCalls]) -> float:
     """The start policy's run (recorded; per module, with the module of each call) and its error."""
     with calls if calls is not None else contextlib.nullcontext():
@@ -654,19 +713,28 @@ def _check_args(fn, tolerance, metric, max_runs, progress, dtype, per_module) ->
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"tune: dtype must be a torch.dtype, got {dtype!r}")
     if not isinstance(per_module, bool):
-        raise TypeError(f"tune: per_module must be True (tune a module map) or False (tune the policy's "
-                        f"lists), got {per_module!r}")
+        raise TypeError(
+            f"tune: per_module must be True (tune a module map) or False (tune the policy's lists), got {per_module!r}"
+        )
     if not callable(fn):
         raise TypeError(f"tune: fn must be callable, got {fn!r}")
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) \
-            or not math.isfinite(tolerance) or tolerance < 0:
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, (int, float))
+        or not math.isfinite(tolerance)
+        or tolerance < 0
+    ):
         raise ValueError(f"tune: tolerance must be a finite number >= 0 (an error such as 0.01), got {tolerance!r}")
     if metric is not None and not callable(metric):
-        raise TypeError(f"tune: metric must be None (the max normwise relative error) or a callable "
-                        f"metric(reference_outputs, outputs) -> float, got {metric!r}")
+        raise TypeError(
+            f"tune: metric must be None (the max normwise relative error) or a callable "
+            f"metric(reference_outputs, outputs) -> float, got {metric!r}"
+        )
     if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 3:
-        raise ValueError(f"tune: max_runs must be an int >= 3 (the float32 reference, its rerun and the "
-                         f"start policy take three), got {max_runs!r}")
+        raise ValueError(
+            f"tune: max_runs must be an int >= 3 (the float32 reference, its rerun and the "
+            f"start policy take three), got {max_runs!r}"
+        )
     if progress is not None and not callable(progress):
         raise TypeError(f"tune: progress must be None or a callable taking one line of text, got {progress!r}")
     return float(tolerance)
@@ -681,14 +749,25 @@ def _reference(runner: "_Runner", metric: Optional[Callable]):
     """The float32 run's outputs; refused when the default metric would have nothing to compare."""
     ref = runner.call(None)
     if metric is None and not _floating_elements(ref):
-        raise ValueError("tune: fn's float32 outputs hold no floating element (an empty batch?), so every policy "
-                         "would be within any tolerance (error 0): give inputs with at least one sample, or a metric")
+        raise ValueError(
+            "tune: fn's float32 outputs hold no floating element (an empty batch?), so every policy "
+            "would be within any tolerance (error 0): give inputs with at least one sample, or a metric"
+        )
     return ref
 
 
-def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu", tolerance: float = 0.01,
-         metric: Optional[Callable] = None, max_runs: int = 200, device_type: Optional[str] = None,
-         progress: Optional[Callable[[str], None]] = None, per_module: bool = False) -> TuneResult:
+def tune(
+    fn: Callable,
+    *inputs,
+    dtype: torch.dtype = torch.bfloat16,
+    policy="hpu",
+    tolerance: float = 0.01,
+    metric: Optional[Callable] = None,
+    max_runs: int = 200,
+    device_type: Optional[str] = None,
+    progress: Optional[Callable[[str], None]] = None,
+    per_module: bool = False,
+) -> TuneResult:
     """Find the policy, starting from ``policy`` (a preset name or a ``Policy``, resolved as a
     mode resolves it: ``"hpu"`` takes Gaudi's list variables), that keeps the most work in
     ``dtype`` while ``fn(*inputs)`` stays within ``tolerance`` of its float32 run.
@@ -722,6 +801,7 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
 
     def say(line: str) -> None:
         runner.say(f"run {runner.runs}/{max_runs}: {line}")
+
     if calls is not None:
         return _tune_modules(runner, start, start_error, _module_units(calls, dtype), tolerance, say)
     units = _units(recorder.report(), dtype)
@@ -734,25 +814,52 @@ def tune(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy="hpu
     search = _Search(units, error, tolerance, lambda: max_runs - runner.runs, say)
     moved = search.run(begin_error)
     names = sorted(moved, key=[u.name for u in units].index)
-    rows = tuple(TuneRow(u.name, u.ran_as, u.calls, u.flops, search.alone_moved.get(u.name),
-                         search.alone_lower.get(u.name), u.name in moved, _why(search, u, moved, low)) for u in units)
+    rows = tuple(
+        TuneRow(
+            u.name,
+            u.ran_as,
+            u.calls,
+            u.flops,
+            search.alone_moved.get(u.name),
+            search.alone_lower.get(u.name),
+            u.name in moved,
+            _why(search, u, moved, low),
+        )
+        for u in units
+    )
     total = sum(u.flops or 0 for u in units)
     kept = sum(u.flops or 0 for u in units if u.name not in moved)
     lower, fp32 = lists.names(moved)
-    return TuneResult(policy=lists.policy(moved), start=start, dtype=dtype, tolerance=tolerance,
-                      error=search.errors[moved], start_error=start_error, moved=tuple(names), rows=rows,
-                      lower=tuple(lower), fp32=tuple(fp32), runs=runner.runs, max_runs=max_runs,
-                      exhausted=search.exhausted, flops=(kept, total), bf16_gemms=bf16_gemms)
+    return TuneResult(
+        policy=lists.policy(moved),
+        start=start,
+        dtype=dtype,
+        tolerance=tolerance,
+        error=search.errors[moved],
+        start_error=start_error,
+        moved=tuple(names),
+        rows=rows,
+        lower=tuple(lower),
+        fp32=tuple(fp32),
+        runs=runner.runs,
+        max_runs=max_runs,
+        exhausted=search.exhausted,
+        flops=(kept, total),
+        bf16_gemms=bf16_gemms,
+    )
 
 
-def _tune_modules(runner: _Runner, start: Policy, start_error: float, units: List[_Unit], tolerance: float,
-                  say: Callable[[str], None]) -> TuneResult:
+def _tune_modules(
+    runner: _Runner, start: Policy, start_error: float, units: List[_Unit], tolerance: float, say: Callable[[str], None]
+) -> TuneResult:
     """``tune(per_module=True)``: the search over module units (Note: per module)."""
     dtype = runner.dtype
     if not units and start_error > tolerance:
-        raise ValueError(f"tune(per_module=True): no module ran calls in {short_dtype(dtype)} in fn(*inputs) (the "
-                         f"units are the modules fn calls, by the calls each runs itself); the error "
-                         f"{start_error:.3e} comes from code outside modules: tune its ops with per_module=False")
+        raise ValueError(
+            f"tune(per_module=True): no module ran calls in {short_dtype(dtype)} in fn(*inputs) (the "
+            f"units are the modules fn calls, by the calls each runs itself); the error "
+            f"{start_error:.3e} comes from code outside modules: tune its ops with per_module=False"
+        )
     target = torch.bfloat16 if is_fp8(dtype) else torch.float32
     maps = _Maps(units, target)
 
@@ -765,8 +872,16 @@ def _tune_modules(runner: _Runner, start: Policy, start_error: float, units: Lis
             measured[key] = runner.error(runner.call(start, modules=maps(moved)))
         return measured[key]
 
-    search = _Search(units, error, tolerance, lambda: runner.max_runs - runner.runs, say, noun="modules",
-                     target=short_dtype(target), closure=maps.closure)
+    search = _Search(
+        units,
+        error,
+        tolerance,
+        lambda: runner.max_runs - runner.runs,
+        say,
+        noun="modules",
+        target=short_dtype(target),
+        closure=maps.closure,
+    )
     moved = search.run(start_error)
     low = short_dtype(dtype)
     names = tuple(maps.outermost(moved))
@@ -775,15 +890,40 @@ def _tune_modules(runner: _Runner, start: Policy, start_error: float, units: Lis
     def why(u: _Unit) -> str:
         holder = next((m for m in names if m != u.name and _inside(u.name, m)), None)
         return _why(search, u, moved, low) if holder is None else f"inside {holder or '(root)'}"
-    rows = tuple(TuneRow(u.name, u.ran_as, u.calls, u.flops, search.alone_moved.get(u.name),
-                         search.alone_lower.get(u.name), u.name in went, why(u)) for u in units)
+
+    rows = tuple(
+        TuneRow(
+            u.name,
+            u.ran_as,
+            u.calls,
+            u.flops,
+            search.alone_moved.get(u.name),
+            search.alone_lower.get(u.name),
+            u.name in went,
+            why(u),
+        )
+        for u in units
+    )
     total = sum(u.flops or 0 for u in units)
     kept = sum(u.flops or 0 for u in units if u.name not in went)
     lower, fp32 = _Lists(start).names(frozenset())
-    return TuneResult(policy=start, start=start, dtype=dtype, tolerance=tolerance, error=search.errors[moved],
-                      start_error=start_error, moved=names, rows=rows, lower=tuple(lower), fp32=tuple(fp32),
-                      runs=runner.runs, max_runs=runner.max_runs, exhausted=search.exhausted, flops=(kept, total),
-                      modules=maps(moved))
+    return TuneResult(
+        policy=start,
+        start=start,
+        dtype=dtype,
+        tolerance=tolerance,
+        error=search.errors[moved],
+        start_error=start_error,
+        moved=names,
+        rows=rows,
+        lower=tuple(lower),
+        fp32=tuple(fp32),
+        runs=runner.runs,
+        max_runs=runner.max_runs,
+        exhausted=search.exhausted,
+        flops=(kept, total),
+        modules=maps(moved),
+    )
 
 
 def _check_noise(runner: _Runner, metric: Optional[Callable], tolerance: float) -> None:
@@ -792,13 +932,16 @@ def _check_noise(runner: _Runner, metric: Optional[Callable], tolerance: float) 
     noise = runner.error(runner.call(None))
     runner.say(f"run {runner.runs}/{runner.max_runs}: float32 reference, run twice (difference {noise:.1e})")
     if noise > tolerance:
-        raise ValueError(f"tune: two float32 runs of fn differ by {noise:.3e}, more than the tolerance "
-                         f"{tolerance:.1e}: fn must give the same result each run (model.eval(), no "
-                         f"optimizer step, no state kept between calls)")
+        raise ValueError(
+            f"tune: two float32 runs of fn differ by {noise:.3e}, more than the tolerance "
+            f"{tolerance:.1e}: fn must give the same result each run (model.eval(), no "
+            f"optimizer step, no state kept between calls)"
+        )
 
 
-def _fp8_stage(runner: _Runner, start: Policy, report, tolerance: float, start_error: float,
-               say: Callable[[str], None]) -> Tuple[Policy, float, Tuple[str, ...]]:
+def _fp8_stage(
+    runner: _Runner, start: Policy, report, tolerance: float, start_error: float, say: Callable[[str], None]
+) -> Tuple[Policy, float, Tuple[str, ...]]:
     """In an fp8 region, tune's first step (issue 32): GEMMs that ran in fp8 move to bfloat16
     (``Policy.bf16_gemms``) before anything moves to float32. Each is measured alone in bfloat16,
     then the shortest prefix of them, most helpful first, that meets the tolerance is taken; where

@@ -10,16 +10,30 @@ from hpu_autocast import CastPolicy, PolicyError
 from hpu_autocast.policies.builder import policy_from_files
 from test_builder import _write
 
-VALID = ["mm", "aten::addmm", "aten.bmm", "aten.mv.default", "addmm.out", "truediv", "iadd",
-         "cross_entropy_loss", "conv_transpose2d", "__matmul__", "relu", "softmax"]
+VALID = [
+    "mm",
+    "aten::addmm",
+    "aten.bmm",
+    "aten.mv.default",
+    "addmm.out",
+    "truediv",
+    "iadd",
+    "cross_entropy_loss",
+    "conv_transpose2d",
+    "__matmul__",
+    "relu",
+    "softmax",
+]
 name_chars = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=4, max_size=12)
 
 
 @pytest.mark.filterwarnings("ignore:.*has no effect under policy 'hpu'")  # Gaudi's names: tested below
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(valid=st.lists(st.sampled_from(VALID), max_size=5, unique=True),
-       invalid=st.lists(name_chars.filter(lambda n: n not in VALID), max_size=3, unique=True),
-       data=st.data())
+@given(
+    valid=st.lists(st.sampled_from(VALID), max_size=5, unique=True),
+    invalid=st.lists(name_chars.filter(lambda n: n not in VALID), max_size=3, unique=True),
+    data=st.data(),
+)
 def test_generated_list_files(tmp_path, valid, invalid, data):
     from hpu_autocast.policies.names import _known_names
 
@@ -40,4 +54,3 @@ def test_generated_list_files(tmp_path, valid, invalid, data):
                 assert name in ignored
             else:
                 assert all(policy.table[op] is CastPolicy.LOWER for op in resolve(name))
-

@@ -12,8 +12,11 @@ DESIGN = pathlib.Path(__file__).resolve().parents[2] / "docs" / "design.md"
 
 def test_every_module_is_in_the_design_table():
     text = DESIGN.read_text()
-    table = text[text.index("## Modules"):text.index("## Layers")]
-    missing = [str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py"))
-               if f"`{p.relative_to(PACKAGE).as_posix()}`" not in table]
+    table = text[text.index("## Modules") : text.index("## Layers")]
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if f"`{p.relative_to(PACKAGE).as_posix()}`" not in table
+    ]
     assert not missing
     assert "`src/pytest_hpu_autocast.py`" in table

@@ -36,8 +36,10 @@ from hpu_autocast._facts.ops import all_overloads, has_kernel, is_composite, op_
 from hpu_autocast.policies.presets import PRESETS
 
 # torch deprecates these listed ops; the suite still checks them, as long as torch has them.
-pytestmark = [pytest.mark.filterwarnings("ignore:.*is deprecated in favor of:UserWarning"),
-              pytest.mark.filterwarnings("ignore:A window was not provided:UserWarning")]  # stft's sample
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*is deprecated in favor of:UserWarning"),
+    pytest.mark.filterwarnings("ignore:A window was not provided:UserWarning"),
+]  # stft's sample
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -58,12 +60,14 @@ def _unnamed(policy, key: str) -> list:
 
 # --- the presets name what torch registers -------------------------------------------------------
 
+
 @pytest.mark.parametrize("preset", sorted(NATIVE))
 def test_native_preset_names_every_registered_overload(preset):
     policy, key = get_preset(preset), NATIVE[preset]
     assert not _unnamed(policy, key), (
         f"torch {torch.__version__} registers for {key} what {preset} does not name: {_unnamed(policy, key)}; "
-        f"add each to the list native autocast gives it")
+        f"add each to the list native autocast gives it"
+    )
     # Nothing extra: what torch-cuda adds are composite entries whose insides native casts.
     extra = sorted(str(op) for op in set(policy.table) - _registered(key) if not is_composite(op))
     assert not extra, f"in {preset}, not registered for {key}: {extra}"
@@ -99,8 +103,7 @@ def sinh_registered_for_autocast_cpu():
     assert not has_kernel(op, "AutocastCPU")
 
 
-def test_an_unnamed_registration_fails_the_check_and_warns_when_the_preset_is_built(
-        sinh_registered_for_autocast_cpu):
+def test_an_unnamed_registration_fails_the_check_and_warns_when_the_preset_is_built(sinh_registered_for_autocast_cpu):
     # What the two tests above see on a torch that registers an op the lists do not name.
     with pytest.warns(UserWarning) as seen:
         policy = build_policy("torch-cpu (newer torch)", **PRESETS["torch-cpu"])
@@ -108,7 +111,8 @@ def test_an_unnamed_registration_fails_the_check_and_warns_when_the_preset_is_bu
     assert [str(w.message) for w in seen] == [
         f"torch {torch.__version__} registers for AutocastCPU 1 overload that policy 'torch-cpu (newer torch)' "
         "does not name, aten.sinh.default: native autocast casts it, this policy leaves it alone, so results "
-        "can differ from native autocast's where it runs"]
+        "can differ from native autocast's where it runs"
+    ]
     # The difference the warning names: native runs sinh in float32, the policy leaves it alone.
     x = torch.randn(4).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -133,13 +137,20 @@ CUDA_NAMES = sorted({op_base_name(op) for op in get_preset("torch-cuda").table} 
 def _on_fake_cuda(mode: FakeTensorMode, tree):
     """Fake CUDA tensors of the tensors' dtypes, shapes and strides (their values are not read)."""
     with mode:
-        return tree_map(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
-                        if isinstance(t, torch.Tensor) else t, tree)
+        return tree_map(
+            lambda t: (
+                torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+                if isinstance(t, torch.Tensor)
+                else t
+            ),
+            tree,
+        )
 
 
 def _signature(result) -> list:
-    return [(type(t).__name__, getattr(t, "dtype", None), tuple(getattr(t, "shape", ())))
-            for t in tree_flatten(result)[0]]
+    return [
+        (type(t).__name__, getattr(t, "dtype", None), tuple(getattr(t, "shape", ()))) for t in tree_flatten(result)[0]
+    ]
 
 
 def _run(fn, args, kwargs):
@@ -181,8 +192,9 @@ def test_torch_cuda_casts_as_native_on_fake_cuda_tensors(name, dtype, variant):
     (ref, ref_err), (out, err) = _native_and_ours(fn, args, kwargs, dtype)
     assert type(err) is type(ref_err), f"{name}: native raised {ref_err!r}, ours {err!r}"
     if ref_err is not None:
-        assert isinstance(ref_err, UnsupportedOperatorException) or any(s in str(ref_err) for s in NO_GPU), \
+        assert isinstance(ref_err, UnsupportedOperatorException) or any(s in str(ref_err) for s in NO_GPU), (
             f"{name}: native raised {ref_err!r} on fake CUDA tensors"
+        )
         pytest.skip(f"needs a GPU on this build: {str(ref_err).splitlines()[0]}")
     assert _signature(out) == _signature(ref)
 
@@ -194,8 +206,9 @@ def test_the_fake_cuda_comparison_catches_a_wrong_policy():
     name = "linalg_matrix_sqrth" if hasattr(torch.ops.aten, "linalg_matrix_sqrth") else "softmax"
     fn, args, kwargs = build(name)
     args, kwargs = tree_map(VARIANTS["lower"](torch.float16), (args, kwargs))
-    less = dataclasses.replace(policy, name="less", table={op: a for op, a in policy.table.items()
-                                                           if op_base_name(op) != name})
+    less = dataclasses.replace(
+        policy, name="less", table={op: a for op, a in policy.table.items() if op_base_name(op) != name}
+    )
     (ref, _), (out, err) = _native_and_ours(fn, args, kwargs, torch.float16, policy=less)
     assert _signature(ref)[0][1] == torch.float32
     assert err is not None or _signature(out) != _signature(ref)
@@ -203,12 +216,13 @@ def test_the_fake_cuda_comparison_catches_a_wrong_policy():
 
 # --- torch-cuda casts as native, on a GPU -------------------------------------------------------
 
+
 @cuda
 @pytest.mark.parametrize("name", CUDA_NAMES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_torch_cuda_matches_native(name, dtype):
     fn, args, kwargs = build(name)
-    to_cuda = (lambda t: t.cuda() if isinstance(t, torch.Tensor) else t)
+    to_cuda = lambda t: t.cuda() if isinstance(t, torch.Tensor) else t
     args, kwargs = tree_map(to_cuda, args), tree_map(to_cuda, kwargs)
     torch.manual_seed(0)
     try:

@@ -56,7 +56,19 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("hpu",),  # the Gaudi glue
     ("module_map",),  # modules=: per-module policies, hooks around module calls while a region is open
     ("mode",),  # the public region, which puts a policy, the engine and the observers together
-    ("amp", "hmp", "graphs", "opgraph", "numerics", "tuning", "integrations", "testing", "cli", "__main__", ""),  # tools
+    (
+        "amp",
+        "hmp",
+        "graphs",
+        "opgraph",
+        "numerics",
+        "tuning",
+        "integrations",
+        "testing",
+        "cli",
+        "__main__",
+        "",
+    ),  # tools
 )
 
 
@@ -75,8 +87,7 @@ def _edges() -> Dict[str, Set[str]]:
                 else:
                     module = node.module or ""
                 # `from . import names` imports a module; `from .names import resolve` its parent.
-                targets.update(f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module
-                               for a in node.names)
+                targets.update(f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module for a in node.names)
         edges[name] = {_module_of(t) for t in targets if _module_of(t)} - {name}
     return edges
 
@@ -98,7 +109,7 @@ def _cycle(edges: Dict[str, Set[str]]) -> List[str]:
         path.append(m)
         for n in sorted(edges[m]):
             if state[n] == 1:
-                return path[path.index(n):] + [n]
+                return path[path.index(n) :] + [n]
             if state[n] == 0:
                 found = visit(n)
                 if found:
@@ -160,10 +171,13 @@ def test_no_cycle_between_units():
 def test_the_unit_checks_find_the_old_cycle_and_arrows():
     # The graph before issue 39: the patches of torch in _torch imported the engine and the compiled
     # policy (then in policies), and the engine's package imported the patches.
-    old = {"hpu_autocast._engine": {"hpu_autocast._engine.hops"},
-           "hpu_autocast._engine.hops": {"hpu_autocast._torch.autocast"},
-           "hpu_autocast._torch.autocast": {"hpu_autocast._engine", "hpu_autocast.policies._table"},
-           "hpu_autocast.policies._table": {"hpu_autocast._torch"}, "hpu_autocast._torch": set()}
+    old = {
+        "hpu_autocast._engine": {"hpu_autocast._engine.hops"},
+        "hpu_autocast._engine.hops": {"hpu_autocast._torch.autocast"},
+        "hpu_autocast._torch.autocast": {"hpu_autocast._engine", "hpu_autocast.policies._table"},
+        "hpu_autocast.policies._table": {"hpu_autocast._torch"},
+        "hpu_autocast._torch": set(),
+    }
     units = _unit_edges(old)
     assert units == {"_engine": {"_torch"}, "_torch": {"_engine", "policies"}, "policies": {"_torch"}}
     assert _upward(units, LAYERS) == ["_torch -> _engine", "_torch -> policies"]
@@ -186,9 +200,16 @@ def test_the_cycle_finder_finds_one():
 
 def test_the_frame_stack_knows_nothing_of_the_core_or_the_patches():
     # A region's entry is composed in _engine.entry (its Note); the frame stack only keeps frames.
-    assert _edges()["hpu_autocast._engine.regions"].isdisjoint({
-        "hpu_autocast._engine.core", "hpu_autocast._engine.kernels", "hpu_autocast._engine.entry",
-        "hpu_autocast._engine.torch_autocast", "hpu_autocast._engine.torchscript", "hpu_autocast._torch.compile_guard"})
+    assert _edges()["hpu_autocast._engine.regions"].isdisjoint(
+        {
+            "hpu_autocast._engine.core",
+            "hpu_autocast._engine.kernels",
+            "hpu_autocast._engine.entry",
+            "hpu_autocast._engine.torch_autocast",
+            "hpu_autocast._engine.torchscript",
+            "hpu_autocast._torch.compile_guard",
+        }
+    )
 
 
 def test_the_policies_ask_only_the_facts_and_torchs_names():
@@ -197,14 +218,20 @@ def test_the_policies_ask_only_the_facts_and_torchs_names():
 
 
 def _defines_code(path: pathlib.Path) -> bool:
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in ast.walk(ast.parse(path.read_text())))
+    return any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        for n in ast.walk(ast.parse(path.read_text()))
+    )
 
 
 def test_no_two_modules_share_a_name():
     # hpu.py and presets/hpu.py did; a traceback or a `from . import hpu` then reads two ways. A
     # module that defines no code (builder.py, the documented path re-exporting policies/builder.py)
     # never shows in a traceback, and is not counted.
-    names = collections.Counter(p.stem for p in MODULES.values()
-                                if p.stem not in ("__init__", "__main__") and _defines_code(p))
+    names = collections.Counter(
+        p.stem for p in MODULES.values() if p.stem not in ("__init__", "__main__") and _defines_code(p)
+    )
     assert [n for n, count in names.items() if count > 1] == []
-    assert _defines_code(MODULES["hpu_autocast.policies.builder"]) and not _defines_code(MODULES["hpu_autocast.builder"])
+    assert _defines_code(MODULES["hpu_autocast.policies.builder"]) and not _defines_code(
+        MODULES["hpu_autocast.builder"]
+    )

@@ -19,9 +19,10 @@ def test_a_policy_one_entry_off_is_caught():
     policy = get_preset("torch-cpu")
     table = {op: a for op, a in policy.table.items() if op_base_name(op) != "conv2d"}
     ours, native, x = _pair("cnn_batchnorm")
-    a = _step(ours, x, HpuAutocastMode(torch.bfloat16, policy=dataclasses.replace(policy, table=table, name="no-conv2d")))
+    a = _step(
+        ours, x, HpuAutocastMode(torch.bfloat16, policy=dataclasses.replace(policy, table=table, name="no-conv2d"))
+    )
     b = _step(native, x, torch.autocast("cpu", dtype=torch.bfloat16))
     assert a[0].dtype == b[0].dtype
     with pytest.raises(AssertionError):
         _assert_steps_equal(ours, native, a, b)
-

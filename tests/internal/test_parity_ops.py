@@ -137,13 +137,15 @@ def _compare(fn, args, kwargs, dtype, label, observer=None):
         # Either a listed autocast failure, or the op rejects these inputs with no autocast at
         # all (_grid_sampler_2d_cpu_fallback has no float64 kernel).
         assert label.split(".")[0] in NATIVE_RAISES or run(fn, args, kwargs)[1] is ref_err, (
-            f"{label}: native autocast raised {ref_err.__name__}, a plain call does not")
+            f"{label}: native autocast raised {ref_err.__name__}, a plain call does not"
+        )
         return
     diff = differences(_blank_scratch(label, out), _blank_scratch(label, ref))
     assert not diff, f"{label}: ours differs from native autocast:\n" + "\n".join(diff)
 
 
 # --- the preset is what torch registers --------------------------------------------------------
+
 
 def _registered_for_autocast_cpu() -> set:
     # Note: from the dispatcher's table of every op, not dir(torch.ops.aten), which lists only
@@ -169,20 +171,23 @@ OTHER_LIBRARIES = ("torchvision::",)
 
 def test_preset_equals_the_autocast_cpu_registrations():
     # The same, from the dispatcher's own list (every namespace torch registers in, not only aten).
-    names = {str(op._schema.name) + ("" if op._overloadname == "default" else "." + op._overloadname)
-             for op in POLICY.table}
+    names = {
+        str(op._schema.name) + ("" if op._overloadname == "default" else "." + op._overloadname) for op in POLICY.table
+    }
     registered = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU")
     assert names == {n for n in registered if not n.startswith(OTHER_LIBRARIES)}
 
 
 # --- coverage: every overload is tested, or excluded with a reason -----------------------------
 
+
 def test_aten_table_covers_every_overload():
     # Exactly the preset's overloads: none untested, none stale.
     tabled = {f"aten.{p}.{o}" for p in ATEN for o in ATEN[p]()}
     assert tabled == {str(op) for op in OPS}, (
         f"untested: {sorted({str(op) for op in OPS} - tabled)}; not in the preset: "
-        f"{sorted(tabled - {str(op) for op in OPS})}")
+        f"{sorted(tabled - {str(op) for op in OPS})}"
+    )
 
 
 def test_public_table_covers_every_packet():
@@ -209,6 +214,7 @@ def test_the_comparison_catches_a_wrong_policy():
 
 
 # --- op by op ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("op, dtype, variant", _overload_params())
 def test_overload_matches_native(op, dtype, variant):
@@ -262,6 +268,7 @@ def test_public_function_matches_native(packet, dtype, variant):
 
 # --- backward ------------------------------------------------------------------------------------
 
+
 def _backward_params() -> list:
     params = []
     for op in OPS:
@@ -297,6 +304,7 @@ def test_backward_matches_native(level, op, dtype):
 # --- keyword calls -------------------------------------------------------------------------------
 # Tensors passed by keyword (a list of them for cat/stack), at both levels, mixed dtypes.
 
+
 def _keyword_calls(dtype):
     g = torch.Generator().manual_seed(0)
 
@@ -310,8 +318,10 @@ def _keyword_calls(dtype):
         "stack": (torch.stack, dict(tensors=[low(2, 3), r(2, 3)])),
         "aten.stack": (torch.ops.aten.stack.default, dict(tensors=[low(2, 3), r(2, 3)], dim=1)),
         "index_copy": (torch.index_copy, dict(input=low(4, 3), dim=0, index=torch.tensor([0, 2]), source=r(2, 3))),
-        "aten.index_copy": (torch.ops.aten.index_copy.default,
-                            dict(self=low(4, 3), dim=0, index=torch.tensor([0, 2]), source=r(2, 3))),
+        "aten.index_copy": (
+            torch.ops.aten.index_copy.default,
+            dict(self=low(4, 3), dim=0, index=torch.tensor([0, 2]), source=r(2, 3)),
+        ),
         "mm": (torch.mm, dict(input=r(2, 4), mat2=low(4, 3))),
         "aten.mm": (torch.ops.aten.mm.default, dict(self=r(2, 4), mat2=low(4, 3))),
         "linear": (torch.nn.functional.linear, dict(input=low(2, 4), weight=r(3, 4), bias=r(3))),
@@ -334,6 +344,7 @@ def test_keyword_call_matches_native(dtype, name):
 # seen before a float32 raises "Unexpected floating ScalarType in at::autocast::prioritize".
 # Ours (rules.compute_dtype, PROMOTE) follows the same walk and raises rules.PromoteError (a
 # RuntimeError) naming the op and the dtypes.
+
 
 def _other(dtype):
     return torch.float16 if dtype is torch.bfloat16 else torch.bfloat16
@@ -365,6 +376,7 @@ def test_promote_the_other_lower_dtype_matches_native(dtype, case):
 # Native autocast sits in the C++ dispatcher, so a listed op called from inside another op's C++
 # kernel is cast too. So do the engine's kernels, which sit on an autocast key of their own (these
 # were strict xfails while the engine was a dispatch mode, which saw only the outer, unlisted op).
+
 
 def test_linalg_pinv_matches_native():
     # at::matmul inside linalg_pinv.atol_rtol_tensor runs in bfloat16 and the result is bfloat16.

@@ -38,4 +38,3 @@ def test_torch_cuda_lists_are_seed_003s():
     assert set(unnamed(append)) == {torch.ops.aten.norm.Scalar, torch.ops.aten.norm.ScalarOpt_dim}
     assert torch.ops.aten.div.Tensor not in policy.table  # __rdiv__ is reciprocal(self) * other
     assert torch.ops.aten.reciprocal.default in policy.table
-

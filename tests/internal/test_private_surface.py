@@ -41,9 +41,22 @@ MAX_SURFACE_MODULES = 4
 def _private_attributes() -> FrozenSet[str]:
     """The ``_``-prefixed attributes (dunders left out) of the torch objects the package handles:
     an overload and its packet, a tensor, a library, FX's nodes and graphs, schemas, modules."""
-    objects = (torch.ops.aten.mm.default, torch.ops.aten.mm, torch.zeros(1), torch.library.Library, torch.fx.Node,
-               torch.fx.Graph, torch.fx.GraphModule, torch._C.FunctionSchema, torch._C.Argument, torch.nn.Module,
-               torch.optim.Optimizer, torch.autograd.Function, torch.dtype, torch.device)
+    objects = (
+        torch.ops.aten.mm.default,
+        torch.ops.aten.mm,
+        torch.zeros(1),
+        torch.library.Library,
+        torch.fx.Node,
+        torch.fx.Graph,
+        torch.fx.GraphModule,
+        torch._C.FunctionSchema,
+        torch._C.Argument,
+        torch.nn.Module,
+        torch.optim.Optimizer,
+        torch.autograd.Function,
+        torch.dtype,
+        torch.device,
+    )
     return frozenset(n for o in objects for n in dir(o) if n.startswith("_") and not n.endswith("__"))
 
 
@@ -71,9 +84,14 @@ PRIVATE_ATTRIBUTES = _private_attributes()
 def _private_attribute_uses(source: str, filename: str, own: FrozenSet[str]) -> List[str]:
     """``line: .name`` for each private attribute of torch's objects a module's source reads
     (``op._schema``), where the package does not bind that name itself (``own``)."""
-    return sorted((f"{n.lineno}: .{n.attr}" for n in ast.walk(ast.parse(source, filename))
-                   if isinstance(n, ast.Attribute) and n.attr in PRIVATE_ATTRIBUTES and n.attr not in own),
-                  key=lambda s: (int(s.split(":")[0]), s))
+    return sorted(
+        (
+            f"{n.lineno}: .{n.attr}"
+            for n in ast.walk(ast.parse(source, filename))
+            if isinstance(n, ast.Attribute) and n.attr in PRIVATE_ATTRIBUTES and n.attr not in own
+        ),
+        key=lambda s: (int(s.split(":")[0]), s),
+    )
 
 
 def _dotted(node: ast.AST) -> str:
@@ -152,36 +170,63 @@ def _reaches(source: str, filename: str) -> List[str]:
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             sets.extend(_dotted(t) for t in targets if isinstance(t, ast.Attribute))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
-            if node.func.id in ("getattr", "hasattr") and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
-                    and isinstance(node.args[1].value, str):
+            if (
+                node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+            ):
                 names.append(f"{_dotted(node.args[0])}.{node.args[1].value}")
             elif node.func.id in ("setattr", "delattr"):
                 sets.append(f"{_dotted(node.args[0])}.?")
         found.extend(f"{node.lineno}: {_spelled(n, aliases)}" for n in names if _private(_spelled(n, aliases)))
-        found.extend(f"{node.lineno}: set {_spelled(n, aliases)}" for n in sets
-                     if _spelled(n, aliases).split(".")[0] == "torch")
+        found.extend(
+            f"{node.lineno}: set {_spelled(n, aliases)}" for n in sets if _spelled(n, aliases).split(".")[0] == "torch"
+        )
     return sorted(set(found), key=lambda s: (int(s.split(":")[0]), s))
 
 
 def test_the_reader_finds_each_way_of_reaching():
-    source = ("import torch\nimport torch._dynamo\nfrom torch._dynamo import guards\nx = torch._C._set_grad_enabled\n"
-              "y = getattr(torch._C, '_stash_obj_in_tls', None)\nz = torch.ops.aten._to_copy.default\n_C = torch._C\n"
-              "w = _C._len_torch_dispatch_stack\nfrom torch import _C as C2\nfrom torch.utils import _pytree\n"
-              "v = torch.__version__ + torch.autograd.grad.__name__\ngetattr(torch.ops, '_x')\n")
+    source = (
+        "import torch\nimport torch._dynamo\nfrom torch._dynamo import guards\nx = torch._C._set_grad_enabled\n"
+        "y = getattr(torch._C, '_stash_obj_in_tls', None)\nz = torch.ops.aten._to_copy.default\n_C = torch._C\n"
+        "w = _C._len_torch_dispatch_stack\nfrom torch import _C as C2\nfrom torch.utils import _pytree\n"
+        "v = torch.__version__ + torch.autograd.grad.__name__\ngetattr(torch.ops, '_x')\n"
+    )
     assert _reaches(source, "t.py") == [
-        "2: torch._dynamo", "3: torch._dynamo.guards", "4: torch._C", "4: torch._C._set_grad_enabled",
-        "5: torch._C", "5: torch._C._stash_obj_in_tls", "6: torch.ops.aten._to_copy", "6: torch.ops.aten._to_copy.default",
-        "7: torch._C", "8: torch._C._len_torch_dispatch_stack", "9: torch._C", "10: torch.utils._pytree", "12: torch.ops._x"]
+        "2: torch._dynamo",
+        "3: torch._dynamo.guards",
+        "4: torch._C",
+        "4: torch._C._set_grad_enabled",
+        "5: torch._C",
+        "5: torch._C._stash_obj_in_tls",
+        "6: torch.ops.aten._to_copy",
+        "6: torch.ops.aten._to_copy.default",
+        "7: torch._C",
+        "8: torch._C._len_torch_dispatch_stack",
+        "9: torch._C",
+        "10: torch.utils._pytree",
+        "12: torch.ops._x",
+    ]
 
 
 def test_the_reader_finds_each_way_of_patching_and_the_hacks():
-    source = ("import torch, sys, ctypes\nimport torch.autograd as ag\nfrom torch import autograd\n"
-              "torch.is_autocast_enabled = f\nsetattr(torch.autograd, 'grad', g)\nag.backward = h\n"
-              "delattr(autograd, 'grad')\ntorch.x.y += 1\nf = sys._getframe(1)\nctypes.pythonapi\n"
-              "obj.attr = torch.mm\nsetattr(obj, 'mm', torch.mm)\n")
+    source = (
+        "import torch, sys, ctypes\nimport torch.autograd as ag\nfrom torch import autograd\n"
+        "torch.is_autocast_enabled = f\nsetattr(torch.autograd, 'grad', g)\nag.backward = h\n"
+        "delattr(autograd, 'grad')\ntorch.x.y += 1\nf = sys._getframe(1)\nctypes.pythonapi\n"
+        "obj.attr = torch.mm\nsetattr(obj, 'mm', torch.mm)\n"
+    )
     assert _reaches(source, "t.py") == [
-        "1: ctypes", "4: set torch.is_autocast_enabled", "5: set torch.autograd.?", "6: set torch.autograd.backward",
-        "7: set torch.autograd.?", "8: set torch.x.y", "9: sys._getframe", "10: ctypes.pythonapi"]
+        "1: ctypes",
+        "4: set torch.is_autocast_enabled",
+        "5: set torch.autograd.?",
+        "6: set torch.autograd.backward",
+        "7: set torch.autograd.?",
+        "8: set torch.x.y",
+        "9: sys._getframe",
+        "10: ctypes.pythonapi",
+    ]
 
 
 def test_only_the_surface_package_reaches_for_torchs_private_names_or_patches_torch():
@@ -191,14 +236,23 @@ def test_only_the_surface_package_reaches_for_torchs_private_names_or_patches_to
         names = _reaches(path.read_text(), str(path))
         if names:
             offenders[str(path.relative_to(PACKAGE.parent))] = names
-    assert offenders == {}, "private torch names, patches of torch or hacks outside hpu_autocast/_torch: " + repr(offenders)
+    assert offenders == {}, "private torch names, patches of torch or hacks outside hpu_autocast/_torch: " + repr(
+        offenders
+    )
 
 
 def test_the_reader_finds_private_attributes_of_torchs_objects():
-    source = "s = op._schema.arguments\nop._op(x)\nt._is_view()\nlib._destroy()\nn = op._overloadname\nself._cache = 1\n"
+    source = (
+        "s = op._schema.arguments\nop._op(x)\nt._is_view()\nlib._destroy()\nn = op._overloadname\nself._cache = 1\n"
+    )
     assert {"_schema", "_op", "_is_view", "_destroy", "_overloadname", "_version", "_rename"} <= PRIVATE_ATTRIBUTES
     assert _private_attribute_uses(source, "t.py", frozenset({"_cache"})) == [
-        "1: ._schema", "2: ._op", "3: ._is_view", "4: ._destroy", "5: ._overloadname"]
+        "1: ._schema",
+        "2: ._op",
+        "3: ._is_view",
+        "4: ._destroy",
+        "5: ._overloadname",
+    ]
 
 
 def test_only_the_surface_package_reads_private_attributes_of_torchs_objects():
@@ -222,7 +276,10 @@ def test_the_surface_lists_the_private_names_it_uses():
     # with its versions and fallback.
     source = (SURFACE / "__init__.py").read_text()
     doc = ast.get_docstring(ast.parse(source))
-    used = {n.split(": ")[1].rsplit(".", 1)[1] for n in _reaches(source, "__init__.py")
-            if n.split(": ")[1].startswith("torch.") and " set " not in n}
+    used = {
+        n.split(": ")[1].rsplit(".", 1)[1]
+        for n in _reaches(source, "__init__.py")
+        if n.split(": ")[1].startswith("torch.") and " set " not in n
+    }
     used = {n for n in used if n.startswith("_")}
     assert used and [n for n in sorted(used) if n not in doc] == []

@@ -21,8 +21,15 @@ PACKAGE = pathlib.Path(hpu_autocast.__file__).resolve().parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Paths the docs name as gone (migration.md: torch's own checkpoint does it now).
 GONE = {"hpu_autocast.checkpoint"}
-SPELLED = sorted({m for path in DOCS for m in re.findall(r"\bhpu_autocast(?:\.[A-Za-z_][A-Za-z0-9_]*)+", path.read_text())
-                  if not m.endswith(".py")} - GONE)
+SPELLED = sorted(
+    {
+        m
+        for path in DOCS
+        for m in re.findall(r"\bhpu_autocast(?:\.[A-Za-z_][A-Za-z0-9_]*)+", path.read_text())
+        if not m.endswith(".py")
+    }
+    - GONE
+)
 #: ``from hpu_autocast.x import y`` as the docs write it: ``hpu_autocast.x`` must be a module.
 FROM_IMPORTS = sorted({m for path in DOCS for m in re.findall(r"from (hpu_autocast[\w.]*) import", path.read_text())})
 
@@ -72,7 +79,9 @@ def test_the_builders_documented_path_is_a_module_of_the_builders_public_names()
 
     assert documented is hpu_autocast.builder and documented.__name__ == "hpu_autocast.builder"
     assert documented.__all__ == builder.__all__ + gaudi.__all__
-    assert all(getattr(documented, name) is getattr(module, name) for module in (builder, gaudi) for name in module.__all__)
+    assert all(
+        getattr(documented, name) is getattr(module, name) for module in (builder, gaudi) for name in module.__all__
+    )
 
 
 def test_the_console_script_and_main_module_name_functions_that_exist():

@@ -47,16 +47,24 @@ def _dynamo_import_runs_tensor_ops() -> bool:
     # torch 2.6 fills a table by running some seventy tensor ops when torch._dynamo.variables.
     # torch_function is imported; torch 2.9 moved that to torch._dynamo.variables.builtin, run
     # when first needed. Asked in a fresh interpreter, to leave this one's imports as they are.
-    code = ("import torch._dynamo.variables.torch_function as m; "
-            "print(hasattr(m, 'populate_builtin_to_tensor_fn_map'))")
+    code = "import torch._dynamo.variables.torch_function as m; print(hasattr(m, 'populate_builtin_to_tensor_fn_map'))"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "True"
 
 
 def test_report_command_on_the_demo(tmp_path):
     # Run as a user would, in a fresh interpreter.
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "hpu_autocast.cli.report_command", "report", "--device-type", "cpu", "--json",
-           str(tmp_path / "r.json"), DEMO]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpu_autocast.cli.report_command",
+        "report",
+        "--device-type",
+        "cpu",
+        "--json",
+        str(tmp_path / "r.json"),
+        DEMO,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout
     loss, report = out.split("\n", 1)
     assert re.fullmatch(r"loss \d+\.\d{4}", loss)
@@ -64,8 +72,10 @@ def test_report_command_on_the_demo(tmp_path):
     # region, as the whole script is): three bf16 mm, 640 + 640 + 1280 = 2560. The SGD step runs
     # with casting off, as outside a region: none of its ops is seen.
     if report != DEMO_REPORT and _dynamo_import_runs_tensor_ops():
-        pytest.xfail("this torch's import of torch._dynamo runs tensor ops of its own "
-                     "(populate_builtin_to_tensor_fn_map): the demo's optimizer imports it inside the region")
+        pytest.xfail(
+            "this torch's import of torch._dynamo runs tensor ops of its own "
+            "(populate_builtin_to_tensor_fn_map): the demo's optimizer imports it inside the region"
+        )
     assert report == DEMO_REPORT
     data = json.loads((tmp_path / "r.json").read_text())
     assert (data["casts"], data["cast_bytes"], data["flops_by_dtype"]) == (6, 584, {"bf16": 4480})
@@ -73,8 +83,9 @@ def test_report_command_on_the_demo(tmp_path):
 
 def test_script_arguments_exit_code_and_outputs(tmp_path, capsys):
     script = tmp_path / "s.py"
-    script.write_text("import sys, torch\nprint(sys.argv[1:])\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\n"
-                      "sys.exit(3)\n")
+    script.write_text(
+        "import sys, torch\nprint(sys.argv[1:])\ntorch.mm(torch.ones(2, 2), torch.ones(2, 2))\nsys.exit(3)\n"
+    )
     md = tmp_path / "r.md"
     code = _report_cli.main(["report", "--markdown", str(md), "--preset", "torch-cpu", str(script), "a", "--b"])
     out = capsys.readouterr().out
@@ -95,8 +106,10 @@ def test_report_printed_when_the_script_fails(tmp_path, capsys):
     assert _report_cli.main(["report", "--device-type", "cpu", str(script)]) == 1
     out, err = capsys.readouterr()
     assert "aten.mm.default  lower" in out
-    assert err == (f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n'
-                   "    raise ValueError('boom')\nValueError: boom\n")
+    assert err == (
+        f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n'
+        "    raise ValueError('boom')\nValueError: boom\n"
+    )
 
 
 def test_plot_flag(tmp_path, capsys):

@@ -14,13 +14,16 @@ from hpu_autocast.policies.policy import CastPolicy
 aten = torch.ops.aten
 
 
-@pytest.mark.parametrize("op, walk", [
-    (aten.mm.default, ((), (0,), (0, 1))),
-    (aten.linear.default, ((), (0,), (0, 1), (0, 1, 2))),  # bias is Tensor?: a slot that may hold None
-    (aten.addmm.default, ((), (0,), (0, 1), (0, 1, 2))),  # beta, alpha keyword-only Scalars
-    (aten.add.Tensor, ((), (0,), (0, 1))),  # alpha keyword-only
-    (aten.softmax.int, ((), (0,), (0,), (0,))),  # dim and dtype? are no tensors
-])
+@pytest.mark.parametrize(
+    "op, walk",
+    [
+        (aten.mm.default, ((), (0,), (0, 1))),
+        (aten.linear.default, ((), (0,), (0, 1), (0, 1, 2))),  # bias is Tensor?: a slot that may hold None
+        (aten.addmm.default, ((), (0,), (0, 1), (0, 1, 2))),  # beta, alpha keyword-only Scalars
+        (aten.add.Tensor, ((), (0,), (0, 1))),  # alpha keyword-only
+        (aten.softmax.int, ((), (0,), (0,), (0,))),  # dim and dtype? are no tensors
+    ],
+)
 def test_the_walk_of_a_schema(op, walk):
     assert _ops.tensor_walk(op) == walk
 

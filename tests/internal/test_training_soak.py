@@ -32,8 +32,7 @@ def live_tensors() -> int:
     # type() rather than isinstance(): the latter touches lazy module attributes
     # (torch.distributed.reduce_op warns when probed). Fake tensors are torch.compile's, from
     # earlier tests, which torch frees at a time of its own: eager steps make none.
-    return sum(1 for o in gc.get_objects()
-               if issubclass(type(o), torch.Tensor) and type(o).__name__ != "FakeTensor")
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and type(o).__name__ != "FakeTensor")
 
 
 def snapshot():

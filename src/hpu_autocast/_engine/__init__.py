@@ -18,8 +18,22 @@ from .entry import Entered, replace_innermost
 from .kernels import keys_excluded
 from .regions import GUARD, OFF, Frame, Region, State, ask, current, innermost, observing
 
-__all__ = ["Region", "ask", "Entered", "Frame", "State", "OFF", "current", "observing", "innermost", "enter", "exit",
-           "replace_innermost", "keys_excluded", "GUARD"]
+__all__ = [
+    "Region",
+    "ask",
+    "Entered",
+    "Frame",
+    "State",
+    "OFF",
+    "current",
+    "observing",
+    "innermost",
+    "enter",
+    "exit",
+    "replace_innermost",
+    "keys_excluded",
+    "GUARD",
+]
 
 
 def enter(region: Region) -> Entered:

@@ -83,8 +83,14 @@ def cached_cast(t: torch.Tensor, target: torch.dtype, cache: Optional[Cache]) ->
     nested ``torch.autocast`` of another dtype never receives a copy of the first.
     ``cache_enabled=False`` (always so on HPU) casts every time. The cache is the C++ core's
     (``Cache`` in csrc/core.cpp, shared with its kernels) or this module's ``Cache``: one interface."""
-    if (cache is not None and t.dtype is _FLOAT32 and t.requires_grad and t.is_leaf
-            and not _torch.is_view(t) and not _inference_mode()):
+    if (
+        cache is not None
+        and t.dtype is _FLOAT32
+        and t.requires_grad
+        and t.is_leaf
+        and not _torch.is_view(t)
+        and not _inference_mode()
+    ):
         return cache.cast(t, target)
     return cast_to(target)(t), False
 

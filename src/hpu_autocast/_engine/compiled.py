@@ -33,12 +33,36 @@ _CASTING = frozenset({CastPolicy.LOWER, CastPolicy.FP32, CastPolicy.PROMOTE, Cas
 class OpRule:
     """How one overload is handled."""
 
-    __slots__ = ("op", "name", "action", "input_only", "params_follow", "protected", "written_names", "into", "banned",
-                 "arg_names", "walk", "leave_explicit", "dtype_args", "redispatch", "default", "native", "core")
+    __slots__ = (
+        "op",
+        "name",
+        "action",
+        "input_only",
+        "params_follow",
+        "protected",
+        "written_names",
+        "into",
+        "banned",
+        "arg_names",
+        "walk",
+        "leave_explicit",
+        "dtype_args",
+        "redispatch",
+        "default",
+        "native",
+        "core",
+    )
 
-    def __init__(self, op: OpOverload, action: Optional[CastPolicy], input_only: bool = False,
-                 banned: Optional[str] = None, default: Optional[str] = None, native=None,
-                 explicit_dtype: str = "leave") -> None:
+    def __init__(
+        self,
+        op: OpOverload,
+        action: Optional[CastPolicy],
+        input_only: bool = False,
+        banned: Optional[str] = None,
+        default: Optional[str] = None,
+        native=None,
+        explicit_dtype: str = "leave",
+    ) -> None:
         self.op = op
         self.name = str(op)
         self.action = action
@@ -60,12 +84,18 @@ class OpRule:
         self.walk = None if input_only else _ops.tensor_walk(op)
         #: Whether a call passing a ``torch.dtype`` runs unchanged (``Policy.explicit_dtype`` is
         #: ``"leave"``, seed 003's rule, and the rule casts).
-        self.leave_explicit = (explicit_dtype == "leave" and action in _CASTING and native is None
-                               and bool(_ops.dtype_positions(op)))
+        self.leave_explicit = (
+            explicit_dtype == "leave" and action in _CASTING and native is None and bool(_ops.dtype_positions(op))
+        )
         #: The dtype arguments the rule reads: FP32_SET_OPT_DTYPE's optional ones (which it sets),
         #: or, where ``leave_explicit``, every one (a call passing one runs unchanged).
-        self.dtype_args = (_ops.optional_dtype_positions(op) if action is CastPolicy.FP32_SET_OPT_DTYPE
-                           else _ops.dtype_positions(op) if self.leave_explicit else ())
+        self.dtype_args = (
+            _ops.optional_dtype_positions(op)
+            if action is CastPolicy.FP32_SET_OPT_DTYPE
+            else _ops.dtype_positions(op)
+            if self.leave_explicit
+            else ()
+        )
         #: FP32_APPEND_DTYPE's overload with the dtype argument (``_ops.APPEND_DTYPE``).
         self.redispatch = _ops.append_dtype_overload(op) if action is CastPolicy.FP32_APPEND_DTYPE else None
         #: Which of the policy's defaults for ops on no list made this rule (HMP): ``"unlisted"``
@@ -112,7 +142,17 @@ class CompiledPolicy:
     """A policy's rules, keyed by overload, plus its defaults for ops on no list (and what it
     learns from torch later: Note above)."""
 
-    __slots__ = ("policy", "rules", "by_id", "has_defaults", "_defaults", "key", "registered", "_native_epoch", "tables")
+    __slots__ = (
+        "policy",
+        "rules",
+        "by_id",
+        "has_defaults",
+        "_defaults",
+        "key",
+        "registered",
+        "_native_epoch",
+        "tables",
+    )
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy

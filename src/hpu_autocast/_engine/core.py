@@ -43,8 +43,9 @@ def _load() -> tuple:
         return None, "HPU_AUTOCAST_ENGINE=python"
     path = _core_build.built_path()
     if path is None:
-        reason = (f"the C++ core is not built for torch {torch.__version__} "
-                  "(run `hpu-autocast build-core` once to build it)")
+        reason = (
+            f"the C++ core is not built for torch {torch.__version__} (run `hpu-autocast build-core` once to build it)"
+        )
         if choice == "c++":
             raise ImportError(f"HPU_AUTOCAST_ENGINE=c++, but {reason}")
         return None, reason
@@ -107,11 +108,16 @@ def _row(rule, index: int, device_type: str) -> CoreRule:
         else:
             kinds.append(_KIND["written"] if i in rule.protected else _KIND["positional"])
     redispatch = _torch.schema(rule.redispatch) if rule.redispatch is not None else None
-    return CoreRule(index=index, action=_ACTION[rule.action.name if rule.core else "PYTHON"],
-                    input_only=rule.input_only and rule.casts_input_only(device_type),
-                    composite=_ops.is_composite(rule.op), kinds=kinds, dtype_args=list(rule.dtype_args),
-                    leave_explicit=rule.leave_explicit,
-                    redispatch=(redispatch.name, redispatch.overload_name) if redispatch is not None else ("", ""))
+    return CoreRule(
+        index=index,
+        action=_ACTION[rule.action.name if rule.core else "PYTHON"],
+        input_only=rule.input_only and rule.casts_input_only(device_type),
+        composite=_ops.is_composite(rule.op),
+        kinds=kinds,
+        dtype_args=list(rule.dtype_args),
+        leave_explicit=rule.leave_explicit,
+        redispatch=(redispatch.name, redispatch.overload_name) if redispatch is not None else ("", ""),
+    )
 
 
 _NO_RULES: dict = {}  # the kinds of regions with no policy (a disable_casts() outside any region)
@@ -130,8 +136,11 @@ def _kind(compiled, device_type: str, keys):
             # or not a region of it has opened yet: its rules need the kernels registered.
             keys.register(compiled.rules)
         rows = [_row(rule, keys.indices[op], device_type) for op, rule in compiled.rules.items()] if count else []
-        entry = kinds[device_type] = (count, keys.all, core.RegionKind(core.make_table(rows), device_type, keys.ops,
-                                                                       keys.all))
+        entry = kinds[device_type] = (
+            count,
+            keys.all,
+            core.RegionKind(core.make_table(rows), device_type, keys.ops, keys.all),
+        )
     return entry[2]
 
 
@@ -159,4 +168,3 @@ def register(ns: str, name: str, overload: str, key, kernel) -> int:
     """Register the core's kernel for one overload on ``key``; ``kernel`` is the Python kernel it
     hands the calls it does not decide to. Returns the overload's index in the core's tables."""
     return core.register_kernel(ns, name, "" if overload == "default" else overload, key, kernel)
-

@@ -38,7 +38,8 @@ def build_dir() -> Path:
     """Where the build for this torch and source lives: ``$HPU_AUTOCAST_CORE_DIR`` or
     ``~/.cache/hpu_autocast/core``, then a directory named by ``_tag``."""
     root = os.environ.get("HPU_AUTOCAST_CORE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "hpu_autocast", "core")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "hpu_autocast", "core"
+    )
     return Path(root) / _tag()
 
 
@@ -69,18 +70,26 @@ def build(verbose: bool = False) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # HPU_AUTOCAST_CORE_DIR naming a file, a read-only cache, ...
-        where = (f" (HPU_AUTOCAST_CORE_DIR={os.environ['HPU_AUTOCAST_CORE_DIR']!r})"
-                 if os.environ.get("HPU_AUTOCAST_CORE_DIR") else "")
-        raise RuntimeError(f"hpu_autocast: the C++ core's build directory {directory}{where} cannot be made: "
-                           f"{e.strerror or e}; point HPU_AUTOCAST_CORE_DIR at a writable directory") from None
+        where = (
+            f" (HPU_AUTOCAST_CORE_DIR={os.environ['HPU_AUTOCAST_CORE_DIR']!r})"
+            if os.environ.get("HPU_AUTOCAST_CORE_DIR")
+            else ""
+        )
+        raise RuntimeError(
+            f"hpu_autocast: the C++ core's build directory {directory}{where} cannot be made: "
+            f"{e.strerror or e}; point HPU_AUTOCAST_CORE_DIR at a writable directory"
+        ) from None
     _ninja_on_path()
     try:
-        cpp_extension.load(name=MODULE, sources=[str(SOURCE)], build_directory=str(directory),
-                           extra_cflags=["-O2"], verbose=verbose)
+        cpp_extension.load(
+            name=MODULE, sources=[str(SOURCE)], build_directory=str(directory), extra_cflags=["-O2"], verbose=verbose
+        )
     except (RuntimeError, OSError, ImportError, SystemExit) as e:
-        raise RuntimeError(f"hpu_autocast: the C++ core could not be built in {directory}: {e}; "
-                           "it needs a C++ compiler (g++ or clang++), ninja (`pip install ninja`), and torch's headers "
-                           "(the Python kernels run meanwhile, with the same results)") from e
+        raise RuntimeError(
+            f"hpu_autocast: the C++ core could not be built in {directory}: {e}; "
+            "it needs a C++ compiler (g++ or clang++), ninja (`pip install ninja`), and torch's headers "
+            "(the Python kernels run meanwhile, with the same results)"
+        ) from e
     path = built_path()
     if path is None:
         raise RuntimeError(f"hpu_autocast: the C++ core was built in {directory}, but no {MODULE} module is there")

@@ -180,14 +180,16 @@ class Keys:
     the first observing region, with a fallthrough fallback while any observing region is open
     (Note: borrowing keys that a backend may claim later)."""
 
-    def __init__(self, make_kernel: Callable[[OpOverload], Callable],
-                 make_fallback: Callable[[OpOverload], Callable]) -> None:
+    def __init__(
+        self, make_kernel: Callable[[OpOverload], Callable], make_fallback: Callable[[OpOverload], Callable]
+    ) -> None:
         free = [(n, d) for n, d in _CANDIDATES if not _claimed(n, d)]
         if not free or free[0][0] == _CANDIDATES[-1][0]:
             taken = [_describe(n, d) for n, d in _CANDIDATES if (n, d) not in free]
             raise RuntimeError(
                 "hpu_autocast needs an autocast dispatch key that no backend uses, below another one; of "
-                f"{', '.join(n for n, _ in _CANDIDATES)}, these are taken in this process: {', '.join(taken)}")
+                f"{', '.join(n for n, _ in _CANDIDATES)}, these are taken in this process: {', '.join(taken)}"
+            )
         self.ops_name, self.ops_device = free[0]
         self.ops = getattr(_DK, self.ops_name)
         #: The observing key: a candidate above ``ops`` (possibly claimed: ``prepare_fallback`` checks).
@@ -256,9 +258,12 @@ class Keys:
             raise RuntimeError(
                 "hpu_autocast: a region that observes (record=True, verbose=True, observer=) or whose "
                 "policy has defaults for ops on no list (hmp) needs a second autocast dispatch key that "
-                "no backend uses, above " + self.ops_name + "; these are taken in this process: "
+                "no backend uses, above "
+                + self.ops_name
+                + "; these are taken in this process: "
                 + ", ".join(_describe(*nd) for nd in self._above_ops())
-                + ". Regions that do not observe still cast")
+                + ". Regions that do not observe still cast"
+            )
         self.all_name, self.all_device = free[0]
         self.all = getattr(_DK, self.all_name)
         self._guards()
@@ -268,8 +273,11 @@ class Keys:
         #: ``KeyGuard``'s restoring rule (torch's C++ guard, where torch has it: one C call).
         #: Rebuilt when the observing key moves.
         both = (self.ops, self.all)
-        self.excluded = (functools.partial(KeyGuard, both) if _exclude_guard is None else
-                         functools.partial(_exclude_guard, _keyset(*both)))
+        self.excluded = (
+            functools.partial(KeyGuard, both)
+            if _exclude_guard is None
+            else functools.partial(_exclude_guard, _keyset(*both))
+        )
 
     def prepare_fallback(self) -> None:
         """Register the fallback's kernel on the observing key for every op the dispatcher has
@@ -316,8 +324,12 @@ class Keys:
                 lib = self._lib(self._ops_libs, ns)
                 # with_keyset: the kernel gets the call's dispatch key set, to pass an op it has
                 # no rule for on below its key as a fallthrough would (_kernels.make_kernel).
-                lib.impl(name if overload == "default" else f"{name}.{overload}", self._make_kernel(op),
-                         self.ops_name, with_keyset=True)
+                lib.impl(
+                    name if overload == "default" else f"{name}.{overload}",
+                    self._make_kernel(op),
+                    self.ops_name,
+                    with_keyset=True,
+                )
                 self._registered.add(op)
 
 

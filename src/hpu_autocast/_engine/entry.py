@@ -188,7 +188,8 @@ def exit(entered: Entered, release: Callable[[], None]) -> None:
         raise RuntimeError(
             f"hpu_autocast: a region entered in thread {entered.thread} was exited from another thread "
             f"({here}); it stays open there: regions are per thread, like torch.autocast: exit a region "
-            "in the thread that entered it")
+            "in the thread that entered it"
+        )
     try:
         _close(entered)
     finally:

@@ -69,7 +69,7 @@ class _History:
             if self.filled == 0:
                 used = current.clone()
             elif self.recipe.amax_compute == "max":
-                used = self.values[:self.filled].max()
+                used = self.values[: self.filled].max()
             else:
                 used = self.values[(self.at - 1) % self.recipe.history].clone()
             self.values[self.at] = current
@@ -97,7 +97,7 @@ def _scale(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0, pow2: bool =
     scale = (torch.finfo(dtype).max / amax.double().clamp(min=_EPS)).float()
     if pow2:
         return torch.exp2(torch.floor(torch.log2(scale)))
-    return scale / 2.0 ** margin if margin else scale
+    return scale / 2.0**margin if margin else scale
 
 
 def _amax(x: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
@@ -112,8 +112,13 @@ def _amax(x: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
     return torch.maximum(lo.neg(), hi).float()
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype, history: Optional[_History] = None, dim: Optional[int] = None,
-             pow2: bool = False):
+def quantize(
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    history: Optional[_History] = None,
+    dim: Optional[int] = None,
+    pow2: bool = False,
+):
     """``x`` in fp8 ``dtype`` and its quantization scale (``x ~ q / scale``): scaled so that its
     amax (or the history's; or each of its amaxes along ``dim``, a scale per row) meets the
     format's largest value, saturated beyond it; as torchao's ``hp_tensor_and_scale_to_float8``
@@ -416,15 +421,19 @@ def _shape_matmul(self, other):
         return _sides((self.numel() // max(self.shape[-1], 1), self.shape[-1], other.shape[1]))
     if self.dim() == other.dim() >= 3 and self.shape[:-2] == other.shape[:-2]:
         return _sides((self.shape[-2], self.shape[-1], other.shape[-1]))
-    return (f"matmul of {self.dim()}-D and {other.dim()}-D operands (N-D by 2-D, and N-D by N-D of one batch "
-            "shape, only)")
+    return (
+        f"matmul of {self.dim()}-D and {other.dim()}-D operands (N-D by 2-D, and N-D by N-D of one batch shape, only)"
+    )
 
 
 #: The GEMMs an fp8 region runs in fp8: overload -> (the shape check, the product).
 _GEMMS = {
-    _aten.linear.default: (_shape_linear, _linear), _aten.mm.default: (_shape_mm, _mm_call),
-    _aten.addmm.default: (_shape_addmm, _addmm), _aten.bmm.default: (_shape_bmm, _bmm),
-    _aten.baddbmm.default: (_shape_baddbmm, _baddbmm), _aten.matmul.default: (_shape_matmul, _matmul),
+    _aten.linear.default: (_shape_linear, _linear),
+    _aten.mm.default: (_shape_mm, _mm_call),
+    _aten.addmm.default: (_shape_addmm, _addmm),
+    _aten.bmm.default: (_shape_bmm, _bmm),
+    _aten.baddbmm.default: (_shape_baddbmm, _baddbmm),
+    _aten.matmul.default: (_shape_matmul, _matmul),
 }
 #: Where each GEMM's weight (the operand whose Delayed histories are kept) is.
 _WEIGHT = {_aten.linear.default: 1, _aten.mm.default: 1, _aten.addmm.default: 2, _aten.matmul.default: 1}
@@ -487,8 +496,11 @@ def route(frame, op, args: tuple, kwargs: dict) -> Tuple[object, Optional[str]]:
         histories = (None, None, None)
         if not _WARNED_COMPILE:
             _WARNED_COMPILE.append(True)
-            warnings.warn("hpu_autocast: a Delayed fp8 recipe under torch.compile scales tensorwise (compiled "
-                          "code keeps no amax history); run Delayed eagerly, or use Tensorwise()", stacklevel=2)
+            warnings.warn(
+                "hpu_autocast: a Delayed fp8 recipe under torch.compile scales tensorwise (compiled "
+                "code keeps no amax history); run Delayed eagerly, or use Tensorwise()",
+                stacklevel=2,
+            )
     return Gemm(product, histories, emulated, recipe), EMULATED if emulated else None
 
 

@@ -92,6 +92,7 @@ def _kernel_for(op) -> Optional[Callable]:
 
 def _natively_cast(op) -> Callable:
     """``op`` cast as torch casts it under a policy reproducing native autocast, else left whole."""
+
     def kernel(*args, **kwargs):
         frame = _regions.innermost()
         impl = None
@@ -111,6 +112,7 @@ def _natively_cast(op) -> Callable:
 
 def _bound(op) -> Callable:
     """``op`` with its functions bound to the call's region state, passed on below the ops key."""
+
     def kernel(*args, **kwargs):
         if _regions.innermost() is not None:
             args = tuple(_bind(a) if _is_function(a) else a for a in args)

@@ -69,8 +69,11 @@ def make_kernel(op: OpOverload) -> Callable:
     below = _torch.keyset_after(ops_key)
     # Positional arguments typed Tensor: a Python kernel receives a wrapped scalar (the 3 of
     # x / 3) there as a Python number, which a boxed redispatch refuses.
-    slots = tuple(i for i, a in enumerate(_torch.schema(op).arguments)
-                  if not a.kwarg_only and isinstance(a.type, _torch.TensorType))
+    slots = tuple(
+        i
+        for i, a in enumerate(_torch.schema(op).arguments)
+        if not a.kwarg_only and isinstance(a.type, _torch.TensorType)
+    )
 
     def kernel(keyset, *args, **kwargs):
         frame = _get_frame()
@@ -134,9 +137,22 @@ def _fallback(op: OpOverload, args: tuple, kwargs: dict):
                 out = _op_function(op)(*args, **kwargs)
             inputs = input_dtypes(args, kwargs)
             if any(d.is_floating_point for d in inputs) and not _ops.is_view(op):
-                _notify(region.observer, Event(op=op, level=Level.FALLBACK, outcome=Outcome.UNLISTED, action=None,
-                                               default=None, reason=None, inputs=inputs, compute=first_floating(out),
-                                               casts=(), args=args, kwargs=kwargs))
+                _notify(
+                    region.observer,
+                    Event(
+                        op=op,
+                        level=Level.FALLBACK,
+                        outcome=Outcome.UNLISTED,
+                        action=None,
+                        default=None,
+                        reason=None,
+                        inputs=inputs,
+                        compute=first_floating(out),
+                        casts=(),
+                        args=args,
+                        kwargs=kwargs,
+                    ),
+                )
             return out
     return _pass_on(op, args, kwargs, all_key)
 
@@ -180,10 +196,10 @@ class Plan(NamedTuple):
     """A call as a cast policy's function says it will run."""
 
     target: Optional[torch.dtype]  #: the dtype its eligible inputs are cast to (``None``: none)
-    call: object                   #: the overload called (an fp8 region's GEMM: a ``_fp8.Gemm``)
-    args: tuple                    #: the positional arguments it is called with
-    kwargs: dict                   #: and the keyword ones
-    why: Optional[str] = None      #: why it ran as it did, where the function knows better than the output
+    call: object  #: the overload called (an fp8 region's GEMM: a ``_fp8.Gemm``)
+    args: tuple  #: the positional arguments it is called with
+    kwargs: dict  #: and the keyword ones
+    why: Optional[str] = None  #: why it ran as it did, where the function knows better than the output
 
 
 #: ``_new(Plan, (...))`` makes a plan: a NamedTuple's own ``__new__`` is a Python function over this,
@@ -208,8 +224,9 @@ def _apply(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict
     observer = region.observer
     keys = _dispatch._keys
     with keys.excluded():  # the op's insides are its own, as native excludes its key
-        eligible, call_args, call_kwargs, casts = cast_inputs(frame, rule, call_args, call_kwargs, target,
-                                                              observe=observer is not None)
+        eligible, call_args, call_kwargs, casts = cast_inputs(
+            frame, rule, call_args, call_kwargs, target, observe=observer is not None
+        )
         if not (eligible or reached(region, rule, args, kwargs)):
             return _pass_on(op, args, kwargs, keys.ops, keys.all)
         if rule.banned is not None:
@@ -261,8 +278,10 @@ def _append_dtype(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwarg
     schema = _torch.schema(rule.op).arguments
     full = [args[i] if i < len(args) else kwargs.get(a.name, a.default_value) for i, a in enumerate(schema)]
     positional = tuple(v for v, a in zip(full, schema) if not a.kwarg_only)
-    keywords = {**{a.name: v for v, a in zip(full, schema) if a.kwarg_only},
-                _torch.schema(rule.redispatch).arguments[-1].name: dtype}
+    keywords = {
+        **{a.name: v for v, a in zip(full, schema) if a.kwarg_only},
+        _torch.schema(rule.redispatch).arguments[-1].name: dtype,
+    }
     return _new(Plan, (None, rule.redispatch, positional, keywords, None))
 
 
@@ -274,8 +293,11 @@ def _decided(action: CastPolicy, frame: Frame, rule: OpRule, op: OpOverload, arg
     the op writes do not (running statistics)."""
     region = frame.region
     protected = rule.protected if action is not CastPolicy.FIRST else ()
-    dtypes = [t.dtype for i, _, t in inputs(rule, args, kwargs, region.device_type)
-              if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)]
+    dtypes = [
+        t.dtype
+        for i, _, t in inputs(rule, args, kwargs, region.device_type)
+        if not (i in protected and (i or "self" not in rule.into)) and region.eligible(t)
+    ]
     target = compute_dtype(action, dtypes, frame.lower, rule.name) if dtypes else None
     return _new(Plan, (target, op, args, kwargs, None))
 
@@ -286,9 +308,14 @@ def _first_eligible(frame: Frame, args: tuple) -> bool:
 
 
 #: Each cast policy's function (Note: the rule, per cast policy).
-_POLICY = {CastPolicy.LOWER: _lower, CastPolicy.FP32: _fp32, CastPolicy.FP32_SET_OPT_DTYPE: _set_opt_dtype,
-           CastPolicy.FP32_APPEND_DTYPE: _append_dtype, CastPolicy.PROMOTE: functools.partial(_decided, CastPolicy.PROMOTE),
-           CastPolicy.FIRST: functools.partial(_decided, CastPolicy.FIRST)}
+_POLICY = {
+    CastPolicy.LOWER: _lower,
+    CastPolicy.FP32: _fp32,
+    CastPolicy.FP32_SET_OPT_DTYPE: _set_opt_dtype,
+    CastPolicy.FP32_APPEND_DTYPE: _append_dtype,
+    CastPolicy.PROMOTE: functools.partial(_decided, CastPolicy.PROMOTE),
+    CastPolicy.FIRST: functools.partial(_decided, CastPolicy.FIRST),
+}
 
 
 def _into(frame: Frame, rule: OpRule, op, args: list, kwargs: dict, target: torch.dtype):
@@ -299,18 +326,50 @@ def _into(frame: Frame, rule: OpRule, op, args: list, kwargs: dict, target: torc
     return write_back(written, out) if written else out
 
 
-def _event(rule: OpRule, op: OpOverload, level: Level, target: Optional[torch.dtype], args: tuple, kwargs: dict,
-           out, eligible: int, casts: tuple, called, why: Optional[str]) -> Event:
+def _event(
+    rule: OpRule,
+    op: OpOverload,
+    level: Level,
+    target: Optional[torch.dtype],
+    args: tuple,
+    kwargs: dict,
+    out,
+    eligible: int,
+    casts: tuple,
+    called,
+    why: Optional[str],
+) -> Event:
     """What the observer hears of a call a rule applied to (the user's ``args`` and ``kwargs``;
     ``called``, what ran: an fp8 product says it computed in e4m3)."""
     if eligible:  # what it ran in: the cast dtype, unless an input left alone (float64) promoted it
         compute = _fp8.E4M3 if type(called) is _fp8.Gemm else first_floating(out) or target
-        return Event(op=op, level=level, outcome=Outcome.CAST, action=rule.action, default=rule.default, reason=why,
-                     inputs=input_dtypes(args, kwargs), compute=compute, casts=casts, args=args, kwargs=kwargs)
+        return Event(
+            op=op,
+            level=level,
+            outcome=Outcome.CAST,
+            action=rule.action,
+            default=rule.default,
+            reason=why,
+            inputs=input_dtypes(args, kwargs),
+            compute=compute,
+            casts=casts,
+            args=args,
+            kwargs=kwargs,
+        )
     # every floating input on the device is float64
-    return Event(op=op, level=level, outcome=Outcome.INELIGIBLE, action=rule.action, default=rule.default,
-                 reason="float64", inputs=input_dtypes(args, kwargs), compute=first_floating(out), casts=(),
-                 args=args, kwargs=kwargs)
+    return Event(
+        op=op,
+        level=level,
+        outcome=Outcome.INELIGIBLE,
+        action=rule.action,
+        default=rule.default,
+        reason="float64",
+        inputs=input_dtypes(args, kwargs),
+        compute=first_floating(out),
+        casts=(),
+        args=args,
+        kwargs=kwargs,
+    )
 
 
 def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level):
@@ -327,22 +386,45 @@ def _to_native(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: 
         _native_set_dtype(device, dtype_was)
     observer = frame.region.observer
     if observer is not None:
-        _notify(observer, Event(op=op, level=level, outcome=Outcome.NATIVE, action=None, default=None, reason=None,
-                                inputs=input_dtypes(args, kwargs), compute=first_floating(out), casts=(), args=args,
-                                kwargs=kwargs))
+        _notify(
+            observer,
+            Event(
+                op=op,
+                level=level,
+                outcome=Outcome.NATIVE,
+                action=None,
+                default=None,
+                reason=None,
+                inputs=input_dtypes(args, kwargs),
+                compute=first_floating(out),
+                casts=(),
+                args=args,
+                kwargs=kwargs,
+            ),
+        )
     return out
 
 
-def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level,
-               reason: str):
+def _unchanged(frame: Frame, rule: OpRule, op: OpOverload, args: tuple, kwargs: dict, level: Level, reason: str):
     """Run a call the rule does not apply to (``reason``), with the keys excluded: its insides are
     its own."""
     with _dispatch._keys.excluded():
         out = _op_function(op)(*args, **kwargs)
         observer = frame.region.observer
         if observer is not None:
-            observer(Event(op=op, level=level, outcome=Outcome.INELIGIBLE, action=rule.action, default=rule.default,
-                           reason=reason, inputs=input_dtypes(args, kwargs), compute=first_floating(out), casts=(),
-                           args=args, kwargs=kwargs))
+            observer(
+                Event(
+                    op=op,
+                    level=level,
+                    outcome=Outcome.INELIGIBLE,
+                    action=rule.action,
+                    default=rule.default,
+                    reason=reason,
+                    inputs=input_dtypes(args, kwargs),
+                    compute=first_floating(out),
+                    casts=(),
+                    args=args,
+                    kwargs=kwargs,
+                )
+            )
         return out
-

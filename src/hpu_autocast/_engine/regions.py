@@ -34,8 +34,26 @@ from ..policies.rules import eligibility
 from .compiled import CompiledPolicy, OpRule
 from ..events import Event
 
-__all__ = ["Region", "ask", "Open", "Frame", "State", "OFF", "current", "observing", "innermost", "push", "nested",
-           "close", "pop", "replace_innermost", "native_devices", "policy_off", "GUARD", "TAG"]
+__all__ = [
+    "Region",
+    "ask",
+    "Open",
+    "Frame",
+    "State",
+    "OFF",
+    "current",
+    "observing",
+    "innermost",
+    "push",
+    "nested",
+    "close",
+    "pop",
+    "replace_innermost",
+    "native_devices",
+    "policy_off",
+    "GUARD",
+    "TAG",
+]
 
 _EMPTY: Dict[int, OpRule] = {}
 _thread = threading.local()  # per thread: the cell stashed for autograd's threads (inherited)
@@ -64,13 +82,31 @@ class Region(NamedTuple):
     every_device: bool
 
 
-def ask(compiled: Optional[CompiledPolicy], dtype: torch.dtype, device_type: str, enabled: bool,
-        cache_enabled: bool, observer: Optional[Callable[[Event], None]] = None, every_device: bool = False) -> Region:
+def ask(
+    compiled: Optional[CompiledPolicy],
+    dtype: torch.dtype,
+    device_type: str,
+    enabled: bool,
+    cache_enabled: bool,
+    observer: Optional[Callable[[Event], None]] = None,
+    every_device: bool = False,
+) -> Region:
     """The ``Region`` a mode asks for (the rules, observation and eligibility follow from the rest)."""
-    return _new(Region, (compiled, compiled.by_id if enabled and compiled is not None else _EMPTY, dtype, device_type,
-                         enabled, cache_enabled, observer,
-                         enabled and (observer is not None or (compiled is not None and compiled.has_defaults)),
-                         eligibility(device_type), every_device))
+    return _new(
+        Region,
+        (
+            compiled,
+            compiled.by_id if enabled and compiled is not None else _EMPTY,
+            dtype,
+            device_type,
+            enabled,
+            cache_enabled,
+            observer,
+            enabled and (observer is not None or (compiled is not None and compiled.has_defaults)),
+            eligibility(device_type),
+            every_device,
+        ),
+    )
 
 
 _new = tuple.__new__  # a NamedTuple's own __new__ is a Python function over this: once per region
@@ -95,7 +131,9 @@ class Frame:
 
     __slots__ = ("region", "open", "parent", "enabled", "dtype", "lower", "rules")
 
-    def __init__(self, region: Region, open: Open, parent: Optional["Frame"], enabled: bool, dtype: torch.dtype) -> None:
+    def __init__(
+        self, region: Region, open: Open, parent: Optional["Frame"], enabled: bool, dtype: torch.dtype
+    ) -> None:
         self.region = region
         self.open = open
         self.parent = parent
@@ -113,6 +151,7 @@ _FRAME: ContextVar[Optional[Frame]] = ContextVar("hpu_autocast_frame", default=N
 _get_frame = _FRAME.get
 #: The frame the calling context holds, as set (``innermost`` skips closed regions' and other threads').
 context_frame = _FRAME.get
+
 
 # Autograd runs backward on worker threads of its own (CUDA), which start with an empty context
 # but inherit the caller's thread-local state, torch's Python objects stashed there included
@@ -181,7 +220,7 @@ class State(NamedTuple):
     """The calling context's casting state, as the rest of the package sees it."""
 
     enabled: bool
-    policy: object = None                 #: the innermost region's ``Policy`` (``None``: off)
+    policy: object = None  #: the innermost region's ``Policy`` (``None``: off)
     dtype: Optional[torch.dtype] = None
     device_type: Optional[str] = None
     cache_enabled: bool = True
@@ -224,7 +263,12 @@ def nested(region: Region, parent: Frame) -> Region:
     takes the region's, turns the region's casting back on, and shares its cast cache (as every
     nested region does: ``parent.open.cache``); a checkpoint there recomputes under it."""
     outer = parent.region
-    if region.compiled is not None or region.enabled or outer.compiled is None or outer.device_type != region.device_type:
+    if (
+        region.compiled is not None
+        or region.enabled
+        or outer.compiled is None
+        or outer.device_type != region.device_type
+    ):
         return region
     return policy_off(region, outer.compiled, parent.dtype, outer.cache_enabled)
 

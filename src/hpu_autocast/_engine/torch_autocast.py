@@ -78,7 +78,13 @@ import torch.utils.checkpoint as _checkpoint
 
 from .. import _torch
 from .._torch import compile_guard as _compile_guard
-from . import dispatch as _dispatch, entry as _entry, kernels as _kernels, regions as _regions, torchscript as _torchscript
+from . import (
+    dispatch as _dispatch,
+    entry as _entry,
+    kernels as _kernels,
+    regions as _regions,
+    torchscript as _torchscript,
+)
 from .compiled import compile_policy
 from ..policies.recipes import cast_dtype
 
@@ -151,9 +157,13 @@ def set_autocast_dtype(*args, **kwargs) -> None:
     # bfloat16, torch-cuda's: Dynamo restores bfloat16 around every compilation)
     if dtype is not frame.dtype and dtype not in policy.dtypes:
         # As torch.autocast disables itself for a dtype its device does not support, with a warning.
-        warnings.warn(f"hpu_autocast: torch.autocast asked for {dtype} inside a region of policy "
-                      f"{policy.name!r}, which supports {', '.join(map(str, policy.dtypes))}; the region "
-                      f"keeps {frame.dtype}", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"hpu_autocast: torch.autocast asked for {dtype} inside a region of policy "
+            f"{policy.name!r}, which supports {', '.join(map(str, policy.dtypes))}; the region "
+            f"keeps {frame.dtype}",
+            UserWarning,
+            stacklevel=3,
+        )
         return
     _entry.replace_innermost(frame.enabled, dtype)
 
@@ -233,8 +243,9 @@ def _native_state() -> Tuple[Tuple[str, bool, torch.dtype], ...]:
     for it)."""
     frame = _regions.innermost()
     owned = frame.region.device_type if frame is not None and frame.region.compiled is not None else None
-    return tuple((d, _native_enabled(d), _native_dtype(d))
-                 for d in _regions.native_devices(_kernels.keys()) if d != owned)
+    return tuple(
+        (d, _native_enabled(d), _native_dtype(d)) for d in _regions.native_devices(_kernels.keys()) if d != owned
+    )
 
 
 def _set_native(state: Tuple[Tuple[str, bool, torch.dtype], ...]) -> Tuple[Tuple[str, bool, torch.dtype], ...]:
@@ -268,8 +279,9 @@ def _region_of(state: _regions.State, opt_out: Optional[tuple] = None) -> _regio
         return _regions.ask(compile_policy(state.policy), state.dtype, state.device_type, True, state.cache_enabled)
     if opt_out is not None:
         compiled, dtype, device_type, cache_enabled = opt_out
-        return _regions.policy_off(_regions.ask(None, dtype, device_type, False, cache_enabled), compiled, dtype,
-                                   cache_enabled)
+        return _regions.policy_off(
+            _regions.ask(None, dtype, device_type, False, cache_enabled), compiled, dtype, cache_enabled
+        )
     frame = _regions.innermost()
     return _regions.ask(None, torch.bfloat16, frame.region.device_type if frame else "cpu", False, True)
 
@@ -359,9 +371,13 @@ def _step_pre_hook(optimizer, args: tuple, kwargs: dict):
     running = tuple(s for s in steps if _running(s.caller))
     if len(running) < len(steps):
         if any(s.restore() for s in reversed(steps) if s not in running):
-            warnings.warn("hpu_autocast: an optimizer step raised inside a region, and casting stayed off "
-                          "from it until this step (torch calls no hook after a step that raises); take "
-                          "optimizer steps outside the region", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "hpu_autocast: an optimizer step raised inside a region, and casting stayed off "
+                "from it until this step (torch calls no hook after a step that raises); take "
+                "optimizer steps outside the region",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     step = _Step(_torch.caller_frame(1))
     _STEPS.set(running + (step,))
     frame = _regions.innermost()
@@ -435,8 +451,11 @@ _ITEMS = tuple((vars(owner), name, new) for owner, name, new in PATCHED)
 
 def _getter_pairs() -> list:
     """(torch's function, ours) for each patched torch function."""
-    return [(_real[name], new) for owner, name, new in PATCHED
-            if owner is not _checkpoint and name != "clear_autocast_cache"]
+    return [
+        (_real[name], new)
+        for owner, name, new in PATCHED
+        if owner is not _checkpoint and name != "clear_autocast_cache"
+    ]
     # (clear_autocast_cache is left out: Dynamo puts torch's in the graph, and ours, a function of
     # a package Dynamo skips, then breaks the graph and runs eagerly, clearing the region's cache.)
 
@@ -486,6 +505,10 @@ def release() -> None:
                 namespace[name] = _real[name]
             else:  # someone else replaced ours meanwhile: theirs stays, and it calls ours
                 owner = namespace.get("__name__", namespace)
-                warnings.warn(f"hpu_autocast: {owner}.{name} was replaced while a region was open; leaving the "
-                              "replacement in place", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"hpu_autocast: {owner}.{name} was replaced while a region was open; leaving the "
+                    "replacement in place",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         _torchscript.restore()

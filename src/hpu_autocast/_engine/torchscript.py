@@ -67,8 +67,11 @@ def _call_as_native(frame: _regions.Frame, call: Callable, fn, args: tuple, kwar
     """``call(fn, ...)`` with native autocast on for the region's device, in its dtype, with
     native's cast cache off (see the Note)."""
     device = frame.region.device_type
-    before = (_torch.native_autocast_enabled(device), _torch.native_autocast_dtype(device),
-              _torch.autocast_cache_enabled())
+    before = (
+        _torch.native_autocast_enabled(device),
+        _torch.native_autocast_dtype(device),
+        _torch.autocast_cache_enabled(),
+    )
     _torch.set_native_autocast_enabled(device, True)
     _torch.set_native_autocast_dtype(device, frame.dtype)
     _torch.set_autocast_cache_enabled(False)
@@ -110,7 +113,8 @@ def _refusal(fn, frame: _regions.Frame) -> RuntimeError:
         "(addmm into mm and add) and casts by its own lists, which reproduce policy 'torch-cpu' on cpu "
         "alone. Call the Python function or module itself inside the region (torch.compile it for "
         "speed), use HpuAutocastMode(policy='torch-cpu') on cpu, or call the scripted code under "
-        "hpu_autocast.disable_casts() (or outside the region)")
+        "hpu_autocast.disable_casts() (or outside the region)"
+    )
 
 
 def _wrap(cls: type) -> Callable:
@@ -161,8 +165,12 @@ def restore() -> None:
             cls.__call__ = _real[cls]
         else:
             _foreign = True
-            warnings.warn(f"hpu_autocast: torch._C.{cls.__name__}.__call__ was replaced while it was "
-                          "hpu_autocast's; leaving the replacement in place", RuntimeWarning, stacklevel=5)
+            warnings.warn(
+                f"hpu_autocast: torch._C.{cls.__name__}.__call__ was replaced while it was "
+                "hpu_autocast's; leaving the replacement in place",
+                RuntimeWarning,
+                stacklevel=5,
+            )
 
 
 _wrap_sf, _wrap_sm = _wrap(_SF), _wrap(_SM)

@@ -21,8 +21,9 @@ __all__ = ["cast_inputs", "inputs", "positions", "reached"]
 _Tensor = torch.Tensor
 
 
-def inputs(rule: OpRule, args: tuple, kwargs: dict,
-           device_type: str) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
+def inputs(
+    rule: OpRule, args: tuple, kwargs: dict, device_type: str
+) -> Iterator[Tuple[object, Optional[int], torch.Tensor]]:
     """The tensors a rule looks at (``positions``), in argument order, as ``(position, index in a
     list or None, tensor)``."""
     for i in positions(rule, args, kwargs, device_type):
@@ -33,8 +34,9 @@ def inputs(rule: OpRule, args: tuple, kwargs: dict,
             yield from ((i, j, t) for j, t in enumerate(a) if isinstance(t, _Tensor))
 
 
-def cast_inputs(frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: Optional[torch.dtype],
-                observe: bool) -> Tuple[int, list, dict, Tuple[Cast, ...]]:
+def cast_inputs(
+    frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: Optional[torch.dtype], observe: bool
+) -> Tuple[int, list, dict, Tuple[Cast, ...]]:
     """The one walk: cast the call's eligible inputs to ``target`` (``None``: none; through the
     cast cache); returns how many were eligible, the arguments with the casts in place, and, when
     ``observe``, the casts made, in argument order (else ``()``). An argument the op writes is
@@ -73,11 +75,12 @@ def cast_inputs(frame: Frame, rule: OpRule, args: tuple, kwargs: dict, target: O
                     a = cast(a)
                 slots[i] = a
         elif type(a) is list or type(a) is tuple:
-            eligible += _cast_list(frame, slots, i, rule.arg_names[i] if i >= 0 else names[i], i in protected,
-                                   target, made)
+            eligible += _cast_list(
+                frame, slots, i, rule.arg_names[i] if i >= 0 else names[i], i in protected, target, made
+            )
     casts = tuple(reversed(made)) if made else ()
     if names:
-        return eligible, slots[:len(args)], {**kwargs, **dict(zip(names, slots[len(args):]))}, casts
+        return eligible, slots[: len(args)], {**kwargs, **dict(zip(names, slots[len(args) :]))}, casts
     return eligible, slots, kwargs, casts
 
 
@@ -90,8 +93,9 @@ def _cached(frame: Frame, t: torch.Tensor, target: torch.dtype, made: Optional[l
     return copy
 
 
-def _cast_list(frame: Frame, slots: list, i: int, name: str, written: bool, target: torch.dtype,
-               made: Optional[list]) -> int:
+def _cast_list(
+    frame: Frame, slots: list, i: int, name: str, written: bool, target: torch.dtype, made: Optional[list]
+) -> int:
     """``cast_inputs`` for a list argument ``name`` (``cat``'s tensors), its items in order:
     ``slots[i]`` becomes a list of the same type with the eligible items cast (none where the op
     writes it); returns how many were eligible."""
@@ -134,5 +138,4 @@ def reached(region, rule: OpRule, args: tuple, kwargs: dict) -> bool:
     """Whether the call has a floating tensor of the region's device (float64 included): else native
     autocast's kernel would not have been reached."""
     on_device = tensor_on(region.device_type)
-    return any(t.is_floating_point() and on_device(t)
-               for _, _, t in inputs(rule, args, kwargs, region.device_type))
+    return any(t.is_floating_point() and on_device(t) for _, _, t in inputs(rule, args, kwargs, region.device_type))

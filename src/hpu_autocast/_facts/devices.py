@@ -20,8 +20,18 @@ import torch
 
 from .. import _torch
 
-__all__ = ["REGION_DEVICE_TYPES", "NATIVE_AUTOCAST_DEVICES", "NATIVE_AUTOCAST_HERE", "MIXED_PARAMS_DEVICES", "tensor_on",
-           "native_autocast_keys", "check_dtype", "hpu_device_name", "default_cache_enabled", "default_device_type"]
+__all__ = [
+    "REGION_DEVICE_TYPES",
+    "NATIVE_AUTOCAST_DEVICES",
+    "NATIVE_AUTOCAST_HERE",
+    "MIXED_PARAMS_DEVICES",
+    "tensor_on",
+    "native_autocast_keys",
+    "check_dtype",
+    "hpu_device_name",
+    "default_cache_enabled",
+    "default_device_type",
+]
 
 #: The device types a region may cast for (``torch.autocast``'s, and ``meta`` for shape work).
 REGION_DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia", "meta")
@@ -29,6 +39,7 @@ REGION_DEVICE_TYPES = ("cpu", "cuda", "hpu", "xpu", "mps", "xla", "mtia", "maia"
 #: The device types torch.autocast casts for natively (``meta`` has none): those whose autocast a
 #: ``disable_casts()`` suspends (less those whose autocast keys this package borrowed).
 NATIVE_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia")
+
 
 def _has_native_autocast(device: str) -> bool:
     try:
@@ -50,8 +61,13 @@ MIXED_PARAMS_DEVICES = frozenset({"cpu", "hpu", "meta"})
 
 #: Whether a tensor is on a device type, by the tensor's own flag (``is_cpu`` costs a quarter of
 #: ``device.type``; the cast walk asks it of every argument).
-_TENSOR_ON = {"cpu": attrgetter("is_cpu"), "cuda": attrgetter("is_cuda"), "meta": attrgetter("is_meta"),
-              "xpu": attrgetter("is_xpu"), "mps": attrgetter("is_mps")}
+_TENSOR_ON = {
+    "cpu": attrgetter("is_cpu"),
+    "cuda": attrgetter("is_cuda"),
+    "meta": attrgetter("is_meta"),
+    "xpu": attrgetter("is_xpu"),
+    "mps": attrgetter("is_mps"),
+}
 
 
 def tensor_on(device_type: str) -> Callable[[torch.Tensor], bool]:
@@ -88,8 +104,10 @@ def check_dtype(dtype: torch.dtype, device_type: str) -> None:
     device's, not the process's: a CPU region in a process that loaded Gaudi's bridge casts CPU
     tensors and may use float16 on any Gaudi."""
     if device_type == "hpu" and dtype == torch.float16 and hpu_device_name() == FIRST_GAUDI:
-        raise ValueError(f"dtype=float16 is not supported on a first-generation Gaudi (torch.hpu.get_device_name() "
-                         f"is {FIRST_GAUDI!r}); use dtype=torch.bfloat16 there (Gaudi 2 and later take float16)")
+        raise ValueError(
+            f"dtype=float16 is not supported on a first-generation Gaudi (torch.hpu.get_device_name() "
+            f"is {FIRST_GAUDI!r}); use dtype=torch.bfloat16 there (Gaudi 2 and later take float16)"
+        )
 
 
 def default_cache_enabled(device_type: str) -> bool:

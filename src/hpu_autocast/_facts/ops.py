@@ -125,8 +125,11 @@ def result_positions(op: OpOverload) -> tuple:
     for r in _torch.schema(op).returns:
         if r.alias_info is not None and r.alias_info.is_write:
             returned |= set(r.alias_info.before_set)
-    return tuple((i, a.name) for i, a in enumerate(_torch.schema(op).arguments)
-                 if a.alias_info is not None and a.alias_info.is_write and set(a.alias_info.before_set) & returned)
+    return tuple(
+        (i, a.name)
+        for i, a in enumerate(_torch.schema(op).arguments)
+        if a.alias_info is not None and a.alias_info.is_write and set(a.alias_info.before_set) & returned
+    )
 
 
 def qualified_name(op: OpOverload) -> str:
@@ -168,7 +171,7 @@ def all_overloads(namespace: str = "aten") -> Iterator[OpOverload]:
     for qualified in sorted(_torch.all_op_names()):
         if not qualified.startswith(prefix):
             continue
-        base, _, overload = qualified[len(prefix):].partition(".")
+        base, _, overload = qualified[len(prefix) :].partition(".")
         packet = find_packet(namespace, base)
         if packet is None:
             continue
@@ -187,13 +190,11 @@ def has_kernel(op: OpOverload, key: str) -> bool:
         return False
 
 
-
 def registered_for(key: str, namespace: str = "aten") -> List[OpOverload]:
     """The overloads of ``namespace`` with a kernel registered for dispatch key ``key`` (such as
     ``"AutocastCPU"``), from the dispatcher's own list, sorted by name."""
     prefix = namespace + "::"
-    ops = (overload_named(q) for q in _torch.registrations_for(key)
-           if q.startswith(prefix))
+    ops = (overload_named(q) for q in _torch.registrations_for(key) if q.startswith(prefix))
     return sorted((op for op in ops if op is not None), key=str)
 
 
@@ -225,8 +226,9 @@ def dtype_positions(op: OpOverload) -> tuple:
 
 def optional_dtype_positions(op: OpOverload) -> tuple:
     """Positions of ``op``'s ``ScalarType?`` arguments: what ``fp32_set_opt_dtype`` sets."""
-    return tuple(i for i, a in enumerate(_torch.schema(op).arguments)
-                 if _is_dtype(a) and isinstance(a.type, _torch.OptionalType))
+    return tuple(
+        i for i, a in enumerate(_torch.schema(op).arguments) if _is_dtype(a) and isinstance(a.type, _torch.OptionalType)
+    )
 
 
 @functools.lru_cache(maxsize=None)

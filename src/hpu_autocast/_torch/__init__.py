@@ -125,19 +125,76 @@ from torch._ops import OperatorBase, OpOverload, OpOverloadPacket
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 
-__all__ = ["set_excluded", "is_excluded", "set_included", "is_included", "keyset_after", "has_backend_fallback",
-           "privateuse1_backend_name", "all_schemas", "all_op_names", "has_kernel_for", "registrations_for",
-           "python_registrations", "dispatch_mode_depth", "exclude_guard", "DispatchKeySet", "set_grad_enabled", "tls_stash", "tls_stashed",
-           "ANY_AUTOCAST_ENABLED", "current_autograd_node", "dispatch_key", "HIGHER_ORDER_OPS", "hop_keyset",
-           "OpOverload", "OpOverloadPacket", "OperatorBase", "TorchDispatchMode", "tree_map", "tree_flatten", "tree_leaves",
-           "tree_unflatten", "tree_flatten_with_path", "keystr", "TO_COPY", "DispatchKey", "TensorType",
-           "OptionalType", "ListType", "TensorBase", "c_function_namespace", "native_autocast_enabled", "set_native_autocast_enabled",
-           "native_autocast_dtype", "set_native_autocast_dtype", "autocast_cache_enabled",
-           "set_autocast_cache_enabled", "increment_autocast_nesting", "decrement_autocast_nesting",
-           "clear_native_autocast_cache", "wrap_autograd", "unwrap_autograd", "scaled_mm", "HAS_SCALED_MM",
-           "scaled_mm_runs_on", "schema", "op_function", "overload_name", "overload_packet", "is_view",
-           "version_counter", "destroy_library", "rename_node", "ScriptFunction", "ScriptMethod",
-           "OPTIMIZER_STEP_HOOKS", "CHECKPOINT_GENERATOR", "caller_frame", "autograd_cache_off"]
+__all__ = [
+    "set_excluded",
+    "is_excluded",
+    "set_included",
+    "is_included",
+    "keyset_after",
+    "has_backend_fallback",
+    "privateuse1_backend_name",
+    "all_schemas",
+    "all_op_names",
+    "has_kernel_for",
+    "registrations_for",
+    "python_registrations",
+    "dispatch_mode_depth",
+    "exclude_guard",
+    "DispatchKeySet",
+    "set_grad_enabled",
+    "tls_stash",
+    "tls_stashed",
+    "ANY_AUTOCAST_ENABLED",
+    "current_autograd_node",
+    "dispatch_key",
+    "HIGHER_ORDER_OPS",
+    "hop_keyset",
+    "OpOverload",
+    "OpOverloadPacket",
+    "OperatorBase",
+    "TorchDispatchMode",
+    "tree_map",
+    "tree_flatten",
+    "tree_leaves",
+    "tree_unflatten",
+    "tree_flatten_with_path",
+    "keystr",
+    "TO_COPY",
+    "DispatchKey",
+    "TensorType",
+    "OptionalType",
+    "ListType",
+    "TensorBase",
+    "c_function_namespace",
+    "native_autocast_enabled",
+    "set_native_autocast_enabled",
+    "native_autocast_dtype",
+    "set_native_autocast_dtype",
+    "autocast_cache_enabled",
+    "set_autocast_cache_enabled",
+    "increment_autocast_nesting",
+    "decrement_autocast_nesting",
+    "clear_native_autocast_cache",
+    "wrap_autograd",
+    "unwrap_autograd",
+    "scaled_mm",
+    "HAS_SCALED_MM",
+    "scaled_mm_runs_on",
+    "schema",
+    "op_function",
+    "overload_name",
+    "overload_packet",
+    "is_view",
+    "version_counter",
+    "destroy_library",
+    "rename_node",
+    "ScriptFunction",
+    "ScriptMethod",
+    "OPTIMIZER_STEP_HOOKS",
+    "CHECKPOINT_GENERATOR",
+    "caller_frame",
+    "autograd_cache_off",
+]
 
 _C = torch._C
 
@@ -154,6 +211,8 @@ def c_function_namespace(name: str) -> object:
     """torch's C module of functions called ``name`` (``_VariableFunctions``, ``_nn``, ``_linalg``,
     ...), or ``None`` where this torch has none."""
     return getattr(_C, name, None)
+
+
 TO_COPY = torch.ops.aten._to_copy.default
 
 # -- private attributes of torch's objects (the table above) -------------------------------------
@@ -189,9 +248,11 @@ OPTIMIZER_STEP_HOOKS = (_optimizer._global_optimizer_pre_hooks, _optimizer._glob
 #: The name of the generator non-reentrant ``checkpoint`` calls: from torch 2.14, ``..._impl`` (the
 #: old name is kept as a shim ``checkpoint`` no longer calls; patching it left recomputations to
 #: native autocast there).
-CHECKPOINT_GENERATOR = next(n for n in ("_checkpoint_without_reentrant_generator_impl",
-                                        "_checkpoint_without_reentrant_generator")
-                            if hasattr(_checkpoint, n))
+CHECKPOINT_GENERATOR = next(
+    n
+    for n in ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
+    if hasattr(_checkpoint, n)
+)
 #: ``caller_frame(depth)``: CPython's ``sys._getframe``.
 caller_frame = sys._getframe
 
@@ -266,6 +327,7 @@ def _aot_cache_off_in_process(config) -> Callable[[], None]:
             _aot_held -= 1
             if _aot_held == 0:
                 setattr(config, _AOT_CACHE, _aot_prior)
+
     return restore
 
 
@@ -283,11 +345,14 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
     two fp8 matrices (``a`` row-major, ``b`` column-major) times their float32 dequantization
     scales; ``RuntimeError`` naming the torch version where torch has none."""
     if _scaled_mm is None:
-        raise RuntimeError(f"fp8 regions need torch._scaled_mm, which torch {torch.__version__} lacks; "
-                           "accepted: a torch that has it (2.4 or later), or a bfloat16 region")
+        raise RuntimeError(
+            f"fp8 regions need torch._scaled_mm, which torch {torch.__version__} lacks; "
+            "accepted: a torch that has it (2.4 or later), or a bfloat16 region"
+        )
     if _SCALES_BY_KEYWORD:
         return _scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)[0]
     return _scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+
 
 # -- torch's own autocast state, as its C functions (the Python ones answer for a region) --------
 native_autocast_enabled = _C.is_autocast_enabled
@@ -401,8 +466,9 @@ def _no_stash(obj: object) -> None:
 
 #: ``tls_stash(obj)``: stash ``obj`` in the calling thread's state that autograd's worker threads
 #: inherit; nothing where torch has no stash. (Chosen once; each thread stashes one object, ``_regions._stashed_cell``.)
-tls_stash = (_no_stash if _stash is None else _stash_with_reference if _STASH_STEALS
-             else functools.partial(_stash, _STASH_KEY))
+tls_stash = (
+    _no_stash if _stash is None else _stash_with_reference if _STASH_STEALS else functools.partial(_stash, _STASH_KEY)
+)
 
 
 def tls_stashed() -> object:

@@ -160,7 +160,6 @@ def install() -> None:
     install_guard(source.make_guard(GuardBuilder.EQUALS_MATCH))
 
 
-
 # [Note: observing regions run compiled code eagerly]
 # A compiled graph runs without Python, so an observer (record=True, verbose=True, observer=...)
 # would see the calls Dynamo traced once, on fake tensors, and none of the real ones. So while a
@@ -190,9 +189,12 @@ def observing_opened() -> bool:
                 return False
             if not _warned and _compiled_anything():  # once a process: a loop opens a region per step
                 _warned = True
-                warnings.warn("hpu_autocast: compiled code runs eagerly while a region with an observer "
-                              "(record=True, verbose=True, observer=...) is open, so the observer sees each call",
-                              UserWarning, stacklevel=4)
+                warnings.warn(
+                    "hpu_autocast: compiled code runs eagerly while a region with an observer "
+                    "(record=True, verbose=True, observer=...) is open, so the observer sees each call",
+                    UserWarning,
+                    stacklevel=4,
+                )
         _observing += 1
         return True
 
@@ -242,8 +244,12 @@ def observing_closed(counted: bool) -> None:
             try:
                 restore.__exit__(None, None, None)
             except RuntimeError:
-                warnings.warn("hpu_autocast: could not restore torch.compile's stance (exited inside a compiled "
-                              "frame); it stays 'force_eager'", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    "hpu_autocast: could not restore torch.compile's stance (exited inside a compiled "
+                    "frame); it stays 'force_eager'",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
 
 
 def assume_constant(fn: Callable) -> Callable:

@@ -1,16 +1,16 @@
 """The ``hpu-autocast`` / ``python -m hpu_autocast`` command line.
 
-    policy --preset NAME [--lower-list F] [--fp32-list F] [--format table|json|markdown]
-    check [--gaudi] FILE...  validate op list files (exit status 1 and the bad names listed); two or
-                             more are also checked as pairs (lower, FP32): an op on both is an error;
-                             --gaudi: as Gaudi's bridge reads PT_HPU_AUTOCAST_*_OPS_LIST files
-    diff PRESET PRESET       where two presets disagree
-    report [flags] SCRIPT.py [args]   run a script under the mode, print the precision report
-    tune [flags] SCRIPT.py [args]     tune a policy for the script's tune_target() (docs/tuning.md)
-    docs                     the reference of every preset (docs/policies.md)
-    info                     versions, and which engine runs the kernels (C++ core or Python)
-    build-core [--verbose]   build the C++ core for the installed torch (once; cached per torch)
-    gaudi-check [flags]      HPU tests and benchmarks on this machine, as a block for an issue
+policy --preset NAME [--lower-list F] [--fp32-list F] [--format table|json|markdown]
+check [--gaudi] FILE...  validate op list files (exit status 1 and the bad names listed); two or
+                         more are also checked as pairs (lower, FP32): an op on both is an error;
+                         --gaudi: as Gaudi's bridge reads PT_HPU_AUTOCAST_*_OPS_LIST files
+diff PRESET PRESET       where two presets disagree
+report [flags] SCRIPT.py [args]   run a script under the mode, print the precision report
+tune [flags] SCRIPT.py [args]     tune a policy for the script's tune_target() (docs/tuning.md)
+docs                     the reference of every preset (docs/policies.md)
+info                     versions, and which engine runs the kernels (C++ core or Python)
+build-core [--verbose]   build the C++ core for the installed torch (once; cached per torch)
+gaudi-check [flags]      HPU tests and benchmarks on this machine, as a block for an issue
 """
 
 from __future__ import annotations
@@ -27,8 +27,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import gaudi_check as _gaudi_check, report_command as _report_cli, tune_command as _tune_cli
 from .report_command import Parser, UsageError
 from ..policies.builder import as_policy, get_preset, policy_from_bridge_files, policy_from_files
-from ..policies.gaudi import (DEFAULT_PRESET, ENV_FP32, ENV_LOWER, bridge_findings, check_findings, pair_findings,
-                              read_list)
+from ..policies.gaudi import (
+    DEFAULT_PRESET,
+    ENV_FP32,
+    ENV_LOWER,
+    bridge_findings,
+    check_findings,
+    pair_findings,
+    read_list,
+)
 from ..policies.policy import CastPolicy, Policy
 from ..policies.presets import preset_names
 from ..policies.names import PolicyError, resolve
@@ -36,16 +43,23 @@ from ..policies.names import PolicyError, resolve
 __all__ = ["build_parser", "main", "policy_rows", "render_policy", "policies_markdown"]
 
 #: How the CLI names each action (FIRST is the in-place form of the promote list).
-ACTION_NAMES = {CastPolicy.LOWER: "lower", CastPolicy.FP32: "fp32",
-                CastPolicy.FP32_SET_OPT_DTYPE: "fp32_set_opt_dtype", CastPolicy.FP32_APPEND_DTYPE: "fp32_append_dtype",
-                CastPolicy.PROMOTE: "promote", CastPolicy.FIRST: "promote"}
+ACTION_NAMES = {
+    CastPolicy.LOWER: "lower",
+    CastPolicy.FP32: "fp32",
+    CastPolicy.FP32_SET_OPT_DTYPE: "fp32_set_opt_dtype",
+    CastPolicy.FP32_APPEND_DTYPE: "fp32_append_dtype",
+    CastPolicy.PROMOTE: "promote",
+    CastPolicy.FIRST: "promote",
+}
 #: The kinds ``docs/policies.md`` counts, in its order.
 _KINDS = ("lower", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote")
 
 
 def policy_rows(policy: Policy) -> List[Dict[str, str]]:
     """``[{"op": "aten.mm.default", "action": "lower"}, ...]``, sorted by op."""
-    return [{"op": str(op), "action": ACTION_NAMES[a]} for op, a in sorted(policy.table.items(), key=lambda kv: str(kv[0]))]
+    return [
+        {"op": str(op), "action": ACTION_NAMES[a]} for op, a in sorted(policy.table.items(), key=lambda kv: str(kv[0]))
+    ]
 
 
 def render_policy(policy: Policy, fmt: str) -> str:
@@ -66,8 +80,10 @@ def _notes(policy: Policy) -> List[str]:
     dtypes = ", ".join(str(d).replace("torch.", "") for d in policy.dtypes)
     notes = [f"dtypes: {dtypes}"]
     if policy.input_only:
-        notes.append("input only (weight, bias, running statistics keep their dtype): "
-                     + ", ".join(f"`{op}`" for op in sorted(map(str, policy.input_only))))
+        notes.append(
+            "input only (weight, bias, running statistics keep their dtype): "
+            + ", ".join(f"`{op}`" for op in sorted(map(str, policy.input_only)))
+        )
     if policy.unlisted is not None:
         notes.append(f"ops on no list: {policy.unlisted} (dtype of the first floating input)")
     if policy.inplace is not None:
@@ -78,7 +94,9 @@ def _notes(policy: Policy) -> List[str]:
     if record.missing:
         notes.append("names this torch lacks: " + ", ".join(f"`{n}`" for n in record.missing))
     if policy.explicit_dtype == "cast":
-        notes.append("explicit dtype: a call passing `dtype=` is cast as any other (as the native or bridge kernels do)")
+        notes.append(
+            "explicit dtype: a call passing `dtype=` is cast as any other (as the native or bridge kernels do)"
+        )
     if record.c_names_only:
         notes.append("list names apply as on Gaudi: C++ function names of functional ops only")
     for name, list_name, why in record.ignored:
@@ -90,39 +108,52 @@ def policies_markdown() -> str:
     """The reference of every preset, as docs/policies.md holds it."""
     import torch
 
-    out = ["# Policy reference", "",
-           "Generated by `python -m hpu_autocast docs > docs/policies.md` "
-           f"(torch {torch.__version__.split('+')[0]}); `tests/test_cli.py` fails when it is stale.", "",
-           "Actions: `lower` runs in the region's dtype, `fp32` in float32, `promote` in the widest",
-           "floating input dtype (an in-place overload on the promote list keeps its first input's dtype);",
-           "`fp32_set_opt_dtype` sets an unset dtype argument to float32 and casts nothing, `fp32_append_dtype`",
-           "calls the overload with a dtype argument, float32 (ATen's two float32 dtype policies).",
-           "Ops on no list run as their inputs are unless a preset says otherwise below.", "",
-           "## Changing a policy", "",
-           "To move a few ops and keep every other op where it was, **edit** the policy: it returns a new",
-           "policy named `<name>+edit` (op names in any spelling `build_policy` takes; unknown names, an op",
-           "under two kinds, and a kind an op cannot take are errors):", "",
-           "```python",
-           "import torch",
-           "from hpu_autocast import HpuAutocastMode, get_preset",
-           "",
-           "policy = get_preset(\"hpu\").edit(lower=[\"gelu\"], fp32=[\"softmax\"], unlisted=[\"dropout\"])",
-           "with HpuAutocastMode(torch.bfloat16, policy=policy, device_type=\"cpu\"):",
-           "    y = torch.nn.functional.gelu(torch.randn(4, 4))",
-           "assert y.dtype == torch.bfloat16",
-           "```", "",
-           "The kinds are `lower`, `fp32`, `fp32_set_opt_dtype`, `fp32_append_dtype`, `promote`, `first`",
-           "and `unlisted` (off the table). `with_lists(policy, lower=[...])` and list files instead",
-           "**replace** a kind's whole list, as Gaudi's `PT_HPU_AUTOCAST_*_OPS_LIST` files do: every op of the",
-           "old list the new one does not name leaves it (a region of such a policy warns once, with the",
-           "count and the first names). `hpu-autocast policy` prints the effective table (with Gaudi's",
-           "files, when its variables are set) and the files it read.", ""]
+    out = [
+        "# Policy reference",
+        "",
+        "Generated by `python -m hpu_autocast docs > docs/policies.md` "
+        f"(torch {torch.__version__.split('+')[0]}); `tests/test_cli.py` fails when it is stale.",
+        "",
+        "Actions: `lower` runs in the region's dtype, `fp32` in float32, `promote` in the widest",
+        "floating input dtype (an in-place overload on the promote list keeps its first input's dtype);",
+        "`fp32_set_opt_dtype` sets an unset dtype argument to float32 and casts nothing, `fp32_append_dtype`",
+        "calls the overload with a dtype argument, float32 (ATen's two float32 dtype policies).",
+        "Ops on no list run as their inputs are unless a preset says otherwise below.",
+        "",
+        "## Changing a policy",
+        "",
+        "To move a few ops and keep every other op where it was, **edit** the policy: it returns a new",
+        "policy named `<name>+edit` (op names in any spelling `build_policy` takes; unknown names, an op",
+        "under two kinds, and a kind an op cannot take are errors):",
+        "",
+        "```python",
+        "import torch",
+        "from hpu_autocast import HpuAutocastMode, get_preset",
+        "",
+        'policy = get_preset("hpu").edit(lower=["gelu"], fp32=["softmax"], unlisted=["dropout"])',
+        'with HpuAutocastMode(torch.bfloat16, policy=policy, device_type="cpu"):',
+        "    y = torch.nn.functional.gelu(torch.randn(4, 4))",
+        "assert y.dtype == torch.bfloat16",
+        "```",
+        "",
+        "The kinds are `lower`, `fp32`, `fp32_set_opt_dtype`, `fp32_append_dtype`, `promote`, `first`",
+        "and `unlisted` (off the table). `with_lists(policy, lower=[...])` and list files instead",
+        "**replace** a kind's whole list, as Gaudi's `PT_HPU_AUTOCAST_*_OPS_LIST` files do: every op of the",
+        "old list the new one does not name leaves it (a region of such a policy warns once, with the",
+        "count and the first names). `hpu-autocast policy` prints the effective table (with Gaudi's",
+        "files, when its variables are set) and the files it read.",
+        "",
+    ]
     for name in preset_names():
         policy = get_preset(name)
         counts = {k: sum(1 for r in policy_rows(policy) if r["action"] == k) for k in _KINDS}
         out += [f"## `{name}`", ""]
         out += [f"- {n}" for n in _notes(policy)]
-        out += ["- overloads: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("lower", "fp32", "promote")), ""]
+        out += [
+            "- overloads: "
+            + ", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("lower", "fp32", "promote")),
+            "",
+        ]
         out += [render_policy(policy, "markdown"), ""]
     return "\n".join(out)
 
@@ -132,8 +163,9 @@ def _effective_policy(ns: argparse.Namespace) -> Tuple[Policy, List[str]]:
     ``--flag path``): the list flags' files, else Gaudi's variables' for the default preset
     (builder's Note: one effective policy)."""
     if ns.lower_list or ns.fp32_list:
-        read = [f"{flag} {path}" for flag, path in (("--lower-list", ns.lower_list), ("--fp32-list", ns.fp32_list))
-                if path]
+        read = [
+            f"{flag} {path}" for flag, path in (("--lower-list", ns.lower_list), ("--fp32-list", ns.fp32_list)) if path
+        ]
         return policy_from_files(ns.preset, lower=ns.lower_list, fp32=ns.fp32_list), read
     if ns.preset != DEFAULT_PRESET:
         return get_preset(ns.preset), []
@@ -165,8 +197,10 @@ def _check_gaudi_pair(lower: Optional[str], fp32: Optional[str]) -> int:
     dropped = list(dict.fromkeys(op.split(".")[1] for op, _ in policy.record.dropped))
     if dropped:
         shown = ", ".join(dropped[:8]) + (f" and {len(dropped) - 8} more" if len(dropped) > 8 else "")
-        print(f"note: the files replace the hpu preset's lists and leave {len(dropped)} of its ops on no list: {shown} "
-              "(to keep them, list them too, or use get_preset('hpu').edit(...) instead of files)")
+        print(
+            f"note: the files replace the hpu preset's lists and leave {len(dropped)} of its ops on no list: {shown} "
+            "(to keep them, list them too, or use get_preset('hpu').edit(...) instead of files)"
+        )
     return len(findings)
 
 
@@ -252,8 +286,7 @@ def _cmd_diff(ns: argparse.Namespace) -> int:
     a, b = get_preset(ns.first), get_preset(ns.second)
     ra = {r["op"]: r["action"] for r in policy_rows(a)}
     rb = {r["op"]: r["action"] for r in policy_rows(b)}
-    rows = [(op, ra.get(op, "-"), rb.get(op, "-")) for op in sorted(ra.keys() | rb.keys())
-            if ra.get(op) != rb.get(op)]
+    rows = [(op, ra.get(op, "-"), rb.get(op, "-")) for op in sorted(ra.keys() | rb.keys()) if ra.get(op) != rb.get(op)]
     width = max([len(op) for op, _, _ in rows] + [2])
     wa = max(len(ns.first), 7)
     print(f"{'op':<{width}}  {ns.first:<{wa}}  {ns.second}")
@@ -302,8 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     presets = preset_names()
 
-    p = sub.add_parser("policy", help="print a preset's effective table: with Gaudi's PT_HPU_AUTOCAST_*_OPS_LIST "
-                                      "files (hpu) or --lower-list/--fp32-list applied, and the files read")
+    p = sub.add_parser(
+        "policy",
+        help="print a preset's effective table: with Gaudi's PT_HPU_AUTOCAST_*_OPS_LIST "
+        "files (hpu) or --lower-list/--fp32-list applied, and the files read",
+    )
     p.add_argument("--preset", default="hpu", choices=presets)
     p.add_argument("--lower-list", metavar="FILE", help="file of op names that replaces the lower list")
     p.add_argument("--fp32-list", metavar="FILE", help="file of op names that replaces the FP32 list")
@@ -314,9 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", metavar="FILE")
     p.add_argument("--lower", metavar="FILE", help="with --gaudi: the PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file")
     p.add_argument("--fp32", metavar="FILE", help="with --gaudi: the PT_HPU_AUTOCAST_FP32_OPS_LIST file")
-    p.add_argument("--gaudi", action="store_true",
-                   help="report everything Gaudi's bridge would drop, refuse or ignore in these "
-                        "PT_HPU_AUTOCAST_*_OPS_LIST files (docs/hpu.md)")
+    p.add_argument(
+        "--gaudi",
+        action="store_true",
+        help="report everything Gaudi's bridge would drop, refuse or ignore in these "
+        "PT_HPU_AUTOCAST_*_OPS_LIST files (docs/hpu.md)",
+    )
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("diff", help="show where two presets disagree")

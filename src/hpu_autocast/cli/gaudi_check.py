@@ -89,9 +89,11 @@ def versions() -> List[str]:
     from .._engine import core as _core
 
     bridge, device, mode = _bridge()
-    return [f"hpu_autocast {__version__}, engine {_core.ENGINE} ({_core.REASON})",
-            f"torch {torch.__version__}, Python {platform.python_version()}, {platform.platform()}",
-            f"habana_frameworks {bridge}; device {device}; mode {mode}"]
+    return [
+        f"hpu_autocast {__version__}, engine {_core.ENGINE} ({_core.REASON})",
+        f"torch {torch.__version__}, Python {platform.python_version()}, {platform.platform()}",
+        f"habana_frameworks {bridge}; device {device}; mode {mode}",
+    ]
 
 
 def _run(cmd: List[str], root: Path) -> Tuple[int, str]:
@@ -127,8 +129,11 @@ def _benchmark(root: Path, device: str, smoke: bool, only: Optional[str]) -> Tup
 def _cmd_gaudi_check(ns: argparse.Namespace) -> int:
     root = repo_root()
     if root is None:
-        print("error: gaudi-check runs the repository's tests/ and benchmarks/; run it in a source "
-              "checkout of hpu_autocast (git clone, then pip install -e .)", file=sys.stderr)
+        print(
+            "error: gaudi-check runs the repository's tests/ and benchmarks/; run it in a source "
+            "checkout of hpu_autocast (git clone, then pip install -e .)",
+            file=sys.stderr,
+        )
         return 2
     head = versions()
     print("\n".join(head), file=sys.stderr)  # at once: the tests take a while
@@ -141,12 +146,14 @@ def _cmd_gaudi_check(ns: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("gaudi-check", help="run the HPU tests and benchmarks on this machine and print a "
-                                           "block to paste into an issue (docs/hpu.md)")
+    p = sub.add_parser(
+        "gaudi-check",
+        help="run the HPU tests and benchmarks on this machine and print a block to paste into an issue (docs/hpu.md)",
+    )
     p.add_argument("--smoke", action="store_true", help="the benchmark's --smoke (checks it runs) instead of --quick")
-    p.add_argument("--device", default="hpu", choices=("hpu", "cpu", "cuda", "auto"),
-                   help="the benchmark's device (default: hpu)")
+    p.add_argument(
+        "--device", default="hpu", choices=("hpu", "cpu", "cuda", "auto"), help="the benchmark's device (default: hpu)"
+    )
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="run only the HPU tests pytest -k EXPR selects")
     p.add_argument("--only", metavar="W1,W2", help="run only these benchmark workloads (python -m benchmarks --only)")
     p.set_defaults(func=_cmd_gaudi_check)
-

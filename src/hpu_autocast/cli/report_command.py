@@ -20,8 +20,17 @@ import torch
 from .._facts.devices import REGION_DEVICE_TYPES
 from ..policies.builder import policy_from_files
 
-__all__ = ["add_parser", "add_script_arguments", "check_script_arguments", "policy_of", "UsageError", "Parser",
-           "DTYPES", "run", "main"]
+__all__ = [
+    "add_parser",
+    "add_script_arguments",
+    "check_script_arguments",
+    "policy_of",
+    "UsageError",
+    "Parser",
+    "DTYPES",
+    "run",
+    "main",
+]
 
 
 class UsageError(Exception):
@@ -37,15 +46,24 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16,
-          "float8_e4m3fn": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn}
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "f16": torch.float16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "fp8": torch.float8_e4m3fn,
+}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``report`` subcommand on an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
-        "report", help="run a script under the mode and print what ran in which dtype",
-        description="Run SCRIPT.py (with its arguments) under HpuAutocastMode and print the precision report at exit.")
+        "report",
+        help="run a script under the mode and print what ran in which dtype",
+        description="Run SCRIPT.py (with its arguments) under HpuAutocastMode and print the precision report at exit.",
+    )
     add_script_arguments(p, "the Python script to run")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the report as Markdown")
@@ -61,14 +79,22 @@ def add_script_arguments(p: argparse.ArgumentParser, script_help: str) -> None:
     p.add_argument("script", help=script_help)
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script (sys.argv)")
     p.add_argument("--preset", default="hpu", help="policy preset (default: hpu)")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
-                   help="lower-precision dtype (default: bfloat16; fp8: the policy's GEMMs in float8_e4m3fn)")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=sorted(DTYPES),
+        help="lower-precision dtype (default: bfloat16; fp8: the policy's GEMMs in float8_e4m3fn)",
+    )
     p.add_argument("--lower-list", metavar="FILE", help="file of op names that run in lower precision")
     p.add_argument("--fp32-list", metavar="FILE", help="file of op names that run in float32")
     # A script's tensors need not be on the machine's device (a CPU script on a GPU machine).
-    p.add_argument("--device-type", choices=REGION_DEVICE_TYPES, default=None,
-                   help="the tensors the region casts (default: the preset's device, else hpu, cuda or cpu, "
-                        "the device this machine runs on)")
+    p.add_argument(
+        "--device-type",
+        choices=REGION_DEVICE_TYPES,
+        default=None,
+        help="the tensors the region casts (default: the preset's device, else hpu, cuda or cpu, "
+        "the device this machine runs on)",
+    )
 
 
 def check_script_arguments(ns: argparse.Namespace) -> None:
@@ -106,8 +132,9 @@ def run(ns: argparse.Namespace) -> int:
     rec = Recorder()
     # Note: the whole script is one region, optimizer steps included. The cast cache assumes
     # weights do not change inside a region (as torch.autocast's does), so it is off here.
-    mode = HpuAutocastMode(DTYPES[ns.dtype], policy=policy_of(ns), device_type=ns.device_type, cache_enabled=False,
-                           observer=rec)
+    mode = HpuAutocastMode(
+        DTYPES[ns.dtype], policy=policy_of(ns), device_type=ns.device_type, cache_enabled=False, observer=rec
+    )
     rec.policy, rec.dtype = mode.policy.name, mode.dtype  # the header, even if the script fails early
     argv, sys.argv = sys.argv, [ns.script, *ns.args]
     code, message, error = 0, None, None
@@ -129,10 +156,13 @@ def run(ns: argparse.Namespace) -> int:
         report = rec.report()
         print(report)
         if opened:
-            kinds = ", ".join(f"{n} x {p} ({str(d).replace('torch.', '')})"
-                              for (p, d), n in collections.Counter(opened).items())
-            print(f"\nnote: this report includes the {len(opened)} region(s) the script opened itself, each with "
-                  f"its own policy and dtype: {kinds}")
+            kinds = ", ".join(
+                f"{n} x {p} ({str(d).replace('torch.', '')})" for (p, d), n in collections.Counter(opened).items()
+            )
+            print(
+                f"\nnote: this report includes the {len(opened)} region(s) the script opened itself, each with "
+                f"its own policy and dtype: {kinds}"
+            )
     if ns.json:
         with open(ns.json, "w") as f:
             f.write(report.to_json() + "\n")
@@ -173,8 +203,9 @@ def _print_script_traceback(exc: BaseException) -> None:
     """The traceback the interpreter would print: the runner's own frames (this module's and
     runpy's) left out."""
     tb = exc.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
-                              or tb.tb_frame.f_globals.get("__name__") == "runpy"):
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == __file__ or tb.tb_frame.f_globals.get("__name__") == "runpy"
+    ):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 

@@ -40,16 +40,21 @@ class TargetError(Exception):
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``tune`` subcommand on an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
-        "tune", help="find the policy with the most lower-precision work within a tolerance of float32",
+        "tune",
+        help="find the policy with the most lower-precision work within a tolerance of float32",
         description=f"Tune a policy for the function SCRIPT.py's {TARGET}() returns, as (fn, inputs) or "
-                    "(fn, inputs, metric): ops move to float32 until fn(*inputs) is within the tolerance "
-                    "of its float32 run. Prints the result and a row per op.")
+        "(fn, inputs, metric): ops move to float32 until fn(*inputs) is within the tolerance "
+        "of its float32 run. Prints the result and a row per op.",
+    )
     add_script_arguments(p, f"a Python script defining {TARGET}()")
     p.add_argument("--tolerance", type=float, default=0.01, help="largest error accepted (default: 0.01)")
     p.add_argument("--max-runs", type=int, default=200, help="most runs of fn the search may make (default: 200)")
-    p.add_argument("--per-module", action="store_true",
-                   help="tune a module map instead of the lists: the most modules of the model in the lower dtype "
-                        "(fp8: in fp8), the others in float32 (fp8: bfloat16); prints the modules= map")
+    p.add_argument(
+        "--per-module",
+        action="store_true",
+        help="tune a module map instead of the lists: the most modules of the model in the lower dtype "
+        "(fp8: in fp8), the others in float32 (fp8: bfloat16); prints the modules= map",
+    )
     p.add_argument("--lists", metavar="DIR", help="write the tuned lists as DIR/lower_ops.txt and DIR/fp32_ops.txt")
     p.add_argument("--gaudi-config", metavar="PATH", help="write optimum-habana's gaudi_config.json")
     p.add_argument("--quiet", action="store_true", help="no progress line per run on stderr")
@@ -58,9 +63,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _no_target(script: str) -> TargetError:
-    return TargetError(f"{script} defines no {TARGET}(); define one returning (fn, inputs) or "
-                       f"(fn, inputs, metric), e.g.\n\n    def {TARGET}():\n"
-                       f"        model = build_model().eval()\n        return model, (example_input,)")
+    return TargetError(
+        f"{script} defines no {TARGET}(); define one returning (fn, inputs) or "
+        f"(fn, inputs, metric), e.g.\n\n    def {TARGET}():\n"
+        f"        model = build_model().eval()\n        return model, (example_input,)"
+    )
 
 
 def _may_define_target(script: str) -> bool:
@@ -79,7 +86,8 @@ def _may_define_target(script: str) -> bool:
         if isinstance(node, ast.Name) and node.id == TARGET and isinstance(node.ctx, ast.Store):
             return True
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                a.name == "*" or (a.asname or a.name.split(".")[0]) == TARGET for a in node.names):
+            a.name == "*" or (a.asname or a.name.split(".")[0]) == TARGET for a in node.names
+        ):
             return True
         if isinstance(node, ast.Constant) and node.value == TARGET:  # globals()["tune_target"] = ...
             return True
@@ -101,8 +109,10 @@ def load_target(script: str, args: list) -> Tuple[Callable, tuple, Optional[Call
     finally:
         sys.argv = argv
     if not isinstance(got, tuple) or len(got) not in (2, 3) or not callable(got[0]):
-        raise TargetError(f"{script}: {TARGET}() must return (fn, inputs) or (fn, inputs, metric) with fn "
-                          f"callable, got {type(got).__name__}")
+        raise TargetError(
+            f"{script}: {TARGET}() must return (fn, inputs) or (fn, inputs, metric) with fn "
+            f"callable, got {type(got).__name__}"
+        )
     fn, inputs = got[0], got[1]
     metric = got[2] if len(got) == 3 else None
     if isinstance(inputs, torch.Tensor):
@@ -110,8 +120,10 @@ def load_target(script: str, args: list) -> Tuple[Callable, tuple, Optional[Call
     elif isinstance(inputs, list):
         inputs = tuple(inputs)
     elif not isinstance(inputs, tuple):
-        raise TargetError(f"{script}: {TARGET}()'s inputs must be a tuple of fn's positional arguments or one "
-                          f"tensor, got {type(inputs).__name__}")
+        raise TargetError(
+            f"{script}: {TARGET}()'s inputs must be a tuple of fn's positional arguments or one "
+            f"tensor, got {type(inputs).__name__}"
+        )
     return fn, inputs, metric
 
 
@@ -123,8 +135,10 @@ def run(ns: argparse.Namespace) -> int:
 
     check_script_arguments(ns)
     if not ns.tolerance >= 0 or ns.max_runs < 3:  # `not >=`: a nan tolerance too
-        print(f"error: --tolerance must be >= 0 (got {ns.tolerance}) and --max-runs at least 3 "
-              f"(got {ns.max_runs})", file=sys.stderr)
+        print(
+            f"error: --tolerance must be >= 0 (got {ns.tolerance}) and --max-runs at least 3 (got {ns.max_runs})",
+            file=sys.stderr,
+        )
         return 2
     try:
         fn, inputs, metric = load_target(ns.script, ns.args)
@@ -132,9 +146,18 @@ def run(ns: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     progress = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    result = tune(fn, *inputs, dtype=DTYPES[ns.dtype], policy=policy_of(ns), tolerance=ns.tolerance,
-                  metric=metric, max_runs=ns.max_runs, device_type=ns.device_type, progress=progress,
-                  per_module=ns.per_module)
+    result = tune(
+        fn,
+        *inputs,
+        dtype=DTYPES[ns.dtype],
+        policy=policy_of(ns),
+        tolerance=ns.tolerance,
+        metric=metric,
+        max_runs=ns.max_runs,
+        device_type=ns.device_type,
+        progress=progress,
+        per_module=ns.per_module,
+    )
     print(result)
     if ns.lists:
         env = result.environment(*result.write_lists(ns.lists))

@@ -52,6 +52,7 @@ def _import_lightning() -> Tuple[type, type, str]:
     try:
         from lightning.fabric.plugins.precision import MixedPrecision as FabricMixedPrecision
         from lightning.pytorch.plugins.precision import MixedPrecision
+
         return MixedPrecision, FabricMixedPrecision, "lightning"
     except ImportError as e:
         if e.name is None or e.name.partition(".")[0] != "lightning":
@@ -59,15 +60,17 @@ def _import_lightning() -> Tuple[type, type, str]:
     try:
         from lightning_fabric.plugins.precision import MixedPrecision as FabricMixedPrecision
         from pytorch_lightning.plugins.precision import MixedPrecision
+
         return MixedPrecision, FabricMixedPrecision, "pytorch_lightning"
     except ImportError as e:
         if e.name is None or e.name.partition(".")[0] not in ("pytorch_lightning", "lightning_fabric"):
             raise
-    raise ImportError("hpu_autocast.integrations.lightning needs PyTorch Lightning, which is not installed: "
-                      "pip install \"pytorch-lightning>=2.6\" (hpu_autocast's lightning extra; in a clone, "
-                      "pip install -c constraints.txt -e \".[lightning]\" keeps the installed torch), or "
-                      "pip install lightning")
-
+    raise ImportError(
+        "hpu_autocast.integrations.lightning needs PyTorch Lightning, which is not installed: "
+        'pip install "pytorch-lightning>=2.6" (hpu_autocast\'s lightning extra; in a clone, '
+        'pip install -c constraints.txt -e ".[lightning]" keeps the installed torch), or '
+        "pip install lightning"
+    )
 
 
 MixedPrecision, FabricMixedPrecision, LIGHTNING = _import_lightning()
@@ -79,8 +82,15 @@ __all__ = ["HpuAutocastPrecision", "HpuAutocastFabricPrecision", "LIGHTNING"]
 
 _PRECISION = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}
 #: Lightning's precision values for mixed precision, the older ones as Lightning reads them.
-_DTYPE_OF = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16": torch.bfloat16, "16": torch.float16,
-             16: torch.float16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
+_DTYPE_OF = {
+    "bf16-mixed": torch.bfloat16,
+    "16-mixed": torch.float16,
+    "bf16": torch.bfloat16,
+    "16": torch.float16,
+    16: torch.float16,
+    torch.bfloat16: torch.bfloat16,
+    torch.float16: torch.float16,
+}
 
 
 def _dtype_of(who: str, dtype, precision) -> torch.dtype:
@@ -91,8 +101,10 @@ def _dtype_of(who: str, dtype, precision) -> torch.dtype:
             continue
         found = _DTYPE_OF.get(value) if isinstance(value, (str, int, torch.dtype)) and type(value) is not bool else None
         if found is None:
-            raise ValueError(f"{who}: dtype must be torch.bfloat16 or torch.float16, or Lightning's precision "
-                             f"\"bf16-mixed\" or \"16-mixed\" (older spellings: \"bf16\", \"16\", 16), got {value!r}")
+            raise ValueError(
+                f"{who}: dtype must be torch.bfloat16 or torch.float16, or Lightning's precision "
+                f'"bf16-mixed" or "16-mixed" (older spellings: "bf16", "16", 16), got {value!r}'
+            )
         got.append(found)
     if len(got) == 2 and got[0] != got[1]:
         raise TypeError(f"{who}: dtype={dtype!r} and precision={precision!r} disagree; give one")
@@ -110,8 +122,10 @@ class _Region:
         if "record" in mode_kwargs:
             # Each step is a region of its own; the report of the last one alone is rarely what is
             # wanted, and the plugin keeps no mode to ask. An observer sees every step's calls.
-            raise TypeError(f"{who} does not take record=: pass observer=hpu_autocast.Recorder(...) "
-                            "to collect every step's calls, then call its report()")
+            raise TypeError(
+                f"{who} does not take record=: pass observer=hpu_autocast.Recorder(...) "
+                "to collect every step's calls, then call its report()"
+            )
         probe = HpuAutocastMode(self.dtype, policy=policy, **mode_kwargs)  # bad settings fail here
         self.policy = policy
         self.mode_kwargs = mode_kwargs
@@ -151,9 +165,15 @@ class HpuAutocastPrecision(_Region, MixedPrecision):
     Bad arguments fail here, not at the first step: the settings are tried by creating one mode.
     """
 
-    def __init__(self, dtype: Union[torch.dtype, str, int, None] = None, policy: Union[str, Policy] = "hpu", *,
-                 precision: Union[str, int, torch.dtype, None] = None,
-                 scaler: Optional[torch.amp.GradScaler] = None, **mode_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dtype: Union[torch.dtype, str, int, None] = None,
+        policy: Union[str, Policy] = "hpu",
+        *,
+        precision: Union[str, int, torch.dtype, None] = None,
+        scaler: Optional[torch.amp.GradScaler] = None,
+        **mode_kwargs: Any,
+    ) -> None:
         name, device = self._settings(dtype, precision, policy, mode_kwargs)
         super().__init__(name, device=device, scaler=scaler)
 
@@ -169,9 +189,15 @@ class HpuAutocastFabricPrecision(_Region, FabricMixedPrecision):
     under ``policy="torch-cpu"`` on CPU it is bit for bit ``Fabric(precision="bf16-mixed")``.
     Takes the arguments of ``HpuAutocastPrecision``."""
 
-    def __init__(self, dtype: Union[torch.dtype, str, int, None] = None, policy: Union[str, Policy] = "hpu", *,
-                 precision: Union[str, int, torch.dtype, None] = None,
-                 scaler: Optional[torch.amp.GradScaler] = None, **mode_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dtype: Union[torch.dtype, str, int, None] = None,
+        policy: Union[str, Policy] = "hpu",
+        *,
+        precision: Union[str, int, torch.dtype, None] = None,
+        scaler: Optional[torch.amp.GradScaler] = None,
+        **mode_kwargs: Any,
+    ) -> None:
         name, device = self._settings(dtype, precision, policy, mode_kwargs)
         super().__init__(name, device=device, scaler=scaler)
 

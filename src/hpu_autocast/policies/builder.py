@@ -40,11 +40,21 @@ from .names import Entry, PolicyError, Source, describe, resolve, user_stackleve
 from .policy import BuildRecord, CastPolicy, Policy, takes
 from .presets import PRESETS, preset_names
 
-__all__ = ["build_policy", "with_lists", "policy_from_files", "policy_from_bridge_files", "warn_dropped",
-           "policy_from_env", "policy_from_gaudi_config", "as_policy", "check_no_conflict"]
+__all__ = [
+    "build_policy",
+    "with_lists",
+    "policy_from_files",
+    "policy_from_bridge_files",
+    "warn_dropped",
+    "policy_from_env",
+    "policy_from_gaudi_config",
+    "as_policy",
+    "check_no_conflict",
+]
 
 
 # --- names to overloads -------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class _Rules:
@@ -78,13 +88,14 @@ def _entries(names: Iterable, arg: str) -> List[Entry]:
     if isinstance(names, str):
         fix = "[" + ", ".join(f'"{n}"' for n in names.replace(",", " ").split()) + "]"
         letters = ", ".join(repr(c) for c in names[:3]) + (", ..." if len(names) > 3 else "")
-        raise TypeError(f"{arg}= takes a list of op names, not a string: {names!r} would be read as the "
-                        f"names {letters}; write {arg}={fix}")
+        raise TypeError(
+            f"{arg}= takes a list of op names, not a string: {names!r} would be read as the "
+            f"names {letters}; write {arg}={fix}"
+        )
     return [n if isinstance(n, tuple) else (n, None) for n in names]
 
 
-def _overloads(entries: Iterable[Entry], rules: _Rules, skipped: _Skipped,
-               list_name: str) -> Dict[OpOverload, Entry]:
+def _overloads(entries: Iterable[Entry], rules: _Rules, skipped: _Skipped, list_name: str) -> Dict[OpOverload, Entry]:
     """The one loop from names to overloads: ``{overload: the entry that named it}``, in list
     order. Names ``rules`` lets go of are recorded in ``skipped``."""
     out: Dict[OpOverload, Entry] = {}
@@ -123,9 +134,12 @@ def _record_ignored(skipped: _Skipped, policy_name: str, warn: bool) -> Tuple[Tu
         key = (name, source[0] if source else None)  # once per name and file
         if warn and key not in _warned:
             _warned.add(key)
-            warnings.warn(f"{describe(name, source)} on the {list_name} list has no effect under policy "
-                          f"{policy_name!r}, as on Gaudi: {why}{gaudi.cpp_hint(name, why)}", UserWarning,
-                          stacklevel=user_stacklevel())
+            warnings.warn(
+                f"{describe(name, source)} on the {list_name} list has no effect under policy "
+                f"{policy_name!r}, as on Gaudi: {why}{gaudi.cpp_hint(name, why)}",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
     return tuple((name, list_name, why) for name, _, list_name, why in skipped.ignored)
 
 
@@ -151,19 +165,26 @@ def _warn_unnamed(policy_name: str, key: str, ops: List[OpOverload]) -> None:
     names = ", ".join(map(str, new[:8])) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
     many = len(new) > 1
     it, they = ("them", "they") if many else ("it", "it")
-    warnings.warn(f"torch {torch.__version__} registers for {key} {len(new)} overload{'s' if many else ''} "
-                  f"that policy {policy_name!r} does not name, {names}: native autocast casts {it}, this policy "
-                  f"leaves {it} alone, so results can differ from native autocast's where {they} "
-                  f"run{'' if many else 's'}", UserWarning, stacklevel=user_stacklevel())
+    warnings.warn(
+        f"torch {torch.__version__} registers for {key} {len(new)} overload{'s' if many else ''} "
+        f"that policy {policy_name!r} does not name, {names}: native autocast casts {it}, this policy "
+        f"leaves {it} alone, so results can differ from native autocast's where {they} "
+        f"run{'' if many else 's'}",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
 
 
 # --- overloads to a table -----------------------------------------------------------------------
 
 #: The lists that give an op one cast policy each (an op on two of them is an error), with how
 #: messages name them, in the order messages report conflicts.
-_EXCLUSIVE = ((CastPolicy.LOWER, "lower", "the lower-precision list"), (CastPolicy.FP32, "fp32", "the FP32 list"),
-              (CastPolicy.FP32_SET_OPT_DTYPE, "fp32_set_opt_dtype", "the fp32_set_opt_dtype list"),
-              (CastPolicy.FP32_APPEND_DTYPE, "fp32_append_dtype", "the fp32_append_dtype list"))
+_EXCLUSIVE = (
+    (CastPolicy.LOWER, "lower", "the lower-precision list"),
+    (CastPolicy.FP32, "fp32", "the FP32 list"),
+    (CastPolicy.FP32_SET_OPT_DTYPE, "fp32_set_opt_dtype", "the fp32_set_opt_dtype list"),
+    (CastPolicy.FP32_APPEND_DTYPE, "fp32_append_dtype", "the fp32_append_dtype list"),
+)
 _LABEL = {action: label for action, _, label in _EXCLUSIVE}
 
 
@@ -180,30 +201,44 @@ def _taking(action: CastPolicy, ops: Dict[OpOverload, Entry]) -> Dict[OpOverload
     return {op: e for op, e in ops.items() if op in keep}
 
 
-def check_no_conflict(low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry],
-                      **others: Mapping[OpOverload, Entry]) -> None:
+def check_no_conflict(
+    low: Mapping[OpOverload, Entry], f32: Mapping[OpOverload, Entry], **others: Mapping[OpOverload, Entry]
+) -> None:
     """Raise ``PolicyError`` naming the first op (in list order) that is on two of the lists
     (lower, FP32, and by keyword ``fp32_set_opt_dtype``, ``fp32_append_dtype``), with the
     entries that put it there, and how many more there are."""
     lists = [(_LABEL[CastPolicy.LOWER], low), (_LABEL[CastPolicy.FP32], f32)]
     lists += [(_LABEL[CastPolicy(k)], v) for k, v in others.items()]
     for n, (label_a, a) in enumerate(lists):
-        for label_b, b in lists[n + 1:]:
+        for label_b, b in lists[n + 1 :]:
             both = [op for op in a if op in b]
             if both:
                 op = both[0]
-                more = (f" (and {len(both) - 1} more: {', '.join(str(o) for o in both[1:4])}"
-                        f"{', ...' if len(both) > 4 else ''})") if len(both) > 1 else ""
-                raise PolicyError(f"{op} is on both {label_a}, as {describe(*a[op])}, "
-                                  f"and {label_b}, as {describe(*b[op])}; remove it from one{more}")
+                more = (
+                    (
+                        f" (and {len(both) - 1} more: {', '.join(str(o) for o in both[1:4])}"
+                        f"{', ...' if len(both) > 4 else ''})"
+                    )
+                    if len(both) > 1
+                    else ""
+                )
+                raise PolicyError(
+                    f"{op} is on both {label_a}, as {describe(*a[op])}, "
+                    f"and {label_b}, as {describe(*b[op])}; remove it from one{more}"
+                )
 
 
-def _table(lists: Mapping[CastPolicy, Mapping[OpOverload, Entry]], pro: Iterable[OpOverload]) -> Dict[OpOverload, CastPolicy]:
+def _table(
+    lists: Mapping[CastPolicy, Mapping[OpOverload, Entry]], pro: Iterable[OpOverload]
+) -> Dict[OpOverload, CastPolicy]:
     """The one table assembly. The lower, FP32 and the two float32 dtype lists (which may not
     share an op) take precedence over promote; an in-place overload on the promote list keeps its
     first input's dtype (``FIRST``)."""
-    check_no_conflict(lists.get(CastPolicy.LOWER, {}), lists.get(CastPolicy.FP32, {}),
-                      **{a.value: ops for a, ops in lists.items() if a not in (CastPolicy.LOWER, CastPolicy.FP32)})
+    check_no_conflict(
+        lists.get(CastPolicy.LOWER, {}),
+        lists.get(CastPolicy.FP32, {}),
+        **{a.value: ops for a, ops in lists.items() if a not in (CastPolicy.LOWER, CastPolicy.FP32)},
+    )
     table = {op: CastPolicy.FIRST if _ops.is_inplace(op) else CastPolicy.PROMOTE for op in pro}
     for action, ops in lists.items():
         table.update(dict.fromkeys(ops, action))
@@ -249,29 +284,54 @@ def build_policy(
     rules = _Rules(tolerate_missing, registered, c_names_only)
     skipped = _Skipped()
     given = dict(zip((a for a, _, _ in _EXCLUSIVE), (lower, fp32, fp32_set_opt_dtype, fp32_append_dtype)))
-    lists = {a: _taking(a, _overloads(_entries(names, arg), rules, skipped, arg))
-             for (a, arg, _), names in zip(_EXCLUSIVE, given.values())}
+    lists = {
+        a: _taking(a, _overloads(_entries(names, arg), rules, skipped, arg))
+        for (a, arg, _), names in zip(_EXCLUSIVE, given.values())
+    }
     pro = _overloads(_entries(promote, "promote"), rules, skipped, "promote")
     table = _table(lists, pro)
-    only = {op for op in _overloads(_entries(input_only, "input_only"), _Rules(), _Skipped(), "input_only")
-            if op in table}
+    only = {
+        op for op in _overloads(_entries(input_only, "input_only"), _Rules(), _Skipped(), "input_only") if op in table
+    }
     banned = dict(banned or {})
-    ban = {op: banned[n] for op, (n, _) in _overloads(_entries(banned, "banned"), _Rules(), _Skipped(), "banned").items()}
+    ban = {
+        op: banned[n] for op, (n, _) in _overloads(_entries(banned, "banned"), _Rules(), _Skipped(), "banned").items()
+    }
     if registered is not None:
         unnamed = [op for op in _ops.registered_for(registered) if op not in table and op not in ban]
         _warn_unnamed(name, registered, unnamed)
-    record = BuildRecord(missing=tuple(dict.fromkeys(skipped.missing)),
-                         ignored=_record_ignored(skipped, name, warn_ignored), promoted=frozenset(pro),
-                         c_names_only=c_names_only)
-    return Policy(name=name, table=table, input_only=frozenset(only), banned=ban, dtypes=tuple(dtypes),
-                  unlisted=unlisted, inplace=inplace, device_type=device_type, explicit_dtype=explicit_dtype,
-                  native=registered, record=record)
+    record = BuildRecord(
+        missing=tuple(dict.fromkeys(skipped.missing)),
+        ignored=_record_ignored(skipped, name, warn_ignored),
+        promoted=frozenset(pro),
+        c_names_only=c_names_only,
+    )
+    return Policy(
+        name=name,
+        table=table,
+        input_only=frozenset(only),
+        banned=ban,
+        dtypes=tuple(dtypes),
+        unlisted=unlisted,
+        inplace=inplace,
+        device_type=device_type,
+        explicit_dtype=explicit_dtype,
+        native=registered,
+        record=record,
+    )
 
 
-def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
-               promote: Optional[Iterable] = None, fp32_set_opt_dtype: Optional[Iterable] = None,
-               fp32_append_dtype: Optional[Iterable] = None, name: Optional[str] = None,
-               lower_first: bool = False) -> Policy:
+def with_lists(
+    policy: Policy,
+    *,
+    lower: Optional[Iterable] = None,
+    fp32: Optional[Iterable] = None,
+    promote: Optional[Iterable] = None,
+    fp32_set_opt_dtype: Optional[Iterable] = None,
+    fp32_append_dtype: Optional[Iterable] = None,
+    name: Optional[str] = None,
+    lower_first: bool = False,
+) -> Policy:
     """A new policy whose lower, FP32, promote, fp32_set_opt_dtype and/or fp32_append_dtype lists
     are REPLACED by these names, as Gaudi's list files replace theirs: every op of a replaced list
     that the new one does not name leaves it (``lower=["gelu"]`` takes linear off the ``hpu`` lower
@@ -291,17 +351,25 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     rules = _Rules(c_names_only=policy.record.c_names_only)
     skipped = _Skipped()
     asked = dict(zip((a for a, _, _ in _EXCLUSIVE), (lower, fp32, fp32_set_opt_dtype, fp32_append_dtype)))
-    lists = {a: _taking(a, _overloads(_entries(asked[a], arg), rules, skipped, arg)) for a, arg, _ in _EXCLUSIVE
-             if asked[a] is not None}
+    lists = {
+        a: _taking(a, _overloads(_entries(asked[a], arg), rules, skipped, arg))
+        for a, arg, _ in _EXCLUSIVE
+        if asked[a] is not None
+    }
     named = {op for ops in lists.values() for op in ops}
     for action, _, _ in _EXCLUSIVE:  # a kept list loses what a given list names (a user's list wins)
         if action not in lists:
-            lists[action] = {op: (str(op), None) for op, a in policy.table.items()
-                             if a is action and (lower_first or op not in named)}
+            lists[action] = {
+                op: (str(op), None)
+                for op, a in policy.table.items()
+                if a is action and (lower_first or op not in named)
+            }
     if lower_first:  # the bridge's order: what the lower list names, no other list keeps
         low = lists[CastPolicy.LOWER]
-        lists = {a: ops if a is CastPolicy.LOWER else {op: e for op, e in ops.items() if op not in low}
-                 for a, ops in lists.items()}
+        lists = {
+            a: ops if a is CastPolicy.LOWER else {op: e for op, e in ops.items() if op not in low}
+            for a, ops in lists.items()
+        }
     if promote is not None:
         pro = _overloads(_entries(promote, "promote"), rules, skipped, "promote")
     else:
@@ -314,8 +382,9 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
     ignored = tuple(i for i in policy.ignored if i[1] not in replaced) + _record_ignored(skipped, policy.name, True)
     dropped = tuple((str(op), a.value) for op, a in policy.table.items() if op not in table)
     record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped, promoted=frozenset(pro))
-    return dataclasses.replace(policy, table=table, name=name or f"{policy.name}+lists",
-                               input_only=input_only, record=record)
+    return dataclasses.replace(
+        policy, table=table, name=name or f"{policy.name}+lists", input_only=input_only, record=record
+    )
 
 
 # --- edits that keep the rest -------------------------------------------------------------------
@@ -334,8 +403,12 @@ def with_lists(policy: Policy, *, lower: Optional[Iterable] = None, fp32: Option
 
 #: The kinds ``edit`` moves ops to, as keyword -> the action (None: off the table).
 EDIT_KINDS: Dict[str, Optional[CastPolicy]] = {
-    "lower": CastPolicy.LOWER, "fp32": CastPolicy.FP32, "fp32_set_opt_dtype": CastPolicy.FP32_SET_OPT_DTYPE,
-    "fp32_append_dtype": CastPolicy.FP32_APPEND_DTYPE, "promote": CastPolicy.PROMOTE, "first": CastPolicy.FIRST,
+    "lower": CastPolicy.LOWER,
+    "fp32": CastPolicy.FP32,
+    "fp32_set_opt_dtype": CastPolicy.FP32_SET_OPT_DTYPE,
+    "fp32_append_dtype": CastPolicy.FP32_APPEND_DTYPE,
+    "promote": CastPolicy.PROMOTE,
+    "first": CastPolicy.FIRST,
     "unlisted": None,
 }
 
@@ -349,8 +422,10 @@ def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[It
     was (Note: an edit moves ops, a list replaces lists); see ``Policy.edit``."""
     unknown = [k for k in kinds if k not in EDIT_KINDS]
     if unknown:
-        raise TypeError(f"Policy.edit() got an unexpected keyword {unknown[0]!r}; the kinds it moves ops to: "
-                        f"{', '.join(EDIT_KINDS)} (and name=)")
+        raise TypeError(
+            f"Policy.edit() got an unexpected keyword {unknown[0]!r}; the kinds it moves ops to: "
+            f"{', '.join(EDIT_KINDS)} (and name=)"
+        )
     rules = _Rules(c_names_only=policy.record.c_names_only)
     skipped = _Skipped()
     moved: Dict[str, Dict[OpOverload, Entry]] = {}
@@ -363,17 +438,21 @@ def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[It
             ops = _taking(action, ops)
             for op, entry in ops.items():
                 if not takes(op, action):
-                    raise PolicyError(f"{describe(*entry)} cannot be moved to {kind}: {op} cannot take that cast "
-                                      f"policy ({_needs(action)}); the kinds it can take: "
-                                      f"{', '.join(k for k, a in EDIT_KINDS.items() if a is None or takes(op, a))}")
+                    raise PolicyError(
+                        f"{describe(*entry)} cannot be moved to {kind}: {op} cannot take that cast "
+                        f"policy ({_needs(action)}); the kinds it can take: "
+                        f"{', '.join(k for k, a in EDIT_KINDS.items() if a is None or takes(op, a))}"
+                    )
         moved[kind] = ops
     seen: Dict[OpOverload, Tuple[str, Entry]] = {}
     for kind, ops in moved.items():
         for op, entry in ops.items():
             if op in seen and seen[op][0] != kind:
                 first_kind, first_entry = seen[op]
-                raise PolicyError(f"{op} is named under two kinds of one edit: {first_kind}, as "
-                                  f"{describe(*first_entry)}, and {kind}, as {describe(*entry)}; name it once")
+                raise PolicyError(
+                    f"{op} is named under two kinds of one edit: {first_kind}, as "
+                    f"{describe(*first_entry)}, and {kind}, as {describe(*entry)}; name it once"
+                )
             seen.setdefault(op, (kind, entry))
     table = dict(policy.table)
     promoted = set(policy.record.promoted)
@@ -393,8 +472,9 @@ def edit_policy(policy: Policy, name: Optional[str] = None, **kinds: Optional[It
     kept = {str(op) for op in table}
     dropped = tuple(d for d in policy.record.dropped if d[0] not in kept)  # an op edited back is no longer dropped
     record = dataclasses.replace(policy.record, ignored=ignored, dropped=dropped, promoted=frozenset(promoted))
-    return dataclasses.replace(policy, name=name or _edit_suffix(policy.name), table=table, input_only=input_only,
-                               banned=banned, record=record)
+    return dataclasses.replace(
+        policy, name=name or _edit_suffix(policy.name), table=table, input_only=input_only, banned=banned, record=record
+    )
 
 
 def _needs(action: CastPolicy) -> str:
@@ -404,6 +484,7 @@ def _needs(action: CastPolicy) -> str:
 
 
 # --- preset names ----------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=None)
 def get_preset(name: str) -> Policy:
@@ -445,11 +526,15 @@ def warn_dropped(policy: Policy) -> None:
     names = list(dict.fromkeys(op.split(".")[1] for op, _ in policy.record.dropped))
     kinds = sorted({kind for _, kind in policy.record.dropped})
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-    warnings.warn(f"policy {policy.name!r}: its lists replace the ones it was made from, and {len(names)} op"
-                  f"{'s' if len(names) != 1 else ''} of those ({', '.join(kinds)}) are on no list now and run as "
-                  f"their inputs are: {shown}. A list file or with_lists replaces a whole list, as Gaudi's files do; "
-                  f"to change some ops and keep the rest, use policy.edit(lower=[...], fp32=[...]) "
-                  f"(hpu-autocast policy shows the table)", UserWarning, stacklevel=user_stacklevel())
+    warnings.warn(
+        f"policy {policy.name!r}: its lists replace the ones it was made from, and {len(names)} op"
+        f"{'s' if len(names) != 1 else ''} of those ({', '.join(kinds)}) are on no list now and run as "
+        f"their inputs are: {shown}. A list file or with_lists replaces a whole list, as Gaudi's files do; "
+        f"to change some ops and keep the rest, use policy.edit(lower=[...], fp32=[...]) "
+        f"(hpu-autocast policy shows the table)",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
 
 
 # [Note: one effective policy]
@@ -476,17 +561,22 @@ def _env_for(policy: Policy) -> Policy:
     if policy.name not in _warned_unused and policy != policy_from_env(DEFAULT_PRESET):
         _warned_unused.add(policy.name)
         files = ", ".join(f"{n}={p}" for n, p in ((gaudi.ENV_LOWER, lower), (gaudi.ENV_FP32, fp32)) if p)
-        warnings.warn(f"{files} set, but unused: the region runs policy {policy.name!r} as it is; the variables "
-                      f"change the {DEFAULT_PRESET!r} preset (by name, get_preset({DEFAULT_PRESET!r}) or the default). "
-                      f"To edit the policy they make, start from hpu_autocast.builder.policy_from_env().edit(...)",
-                      UserWarning, stacklevel=user_stacklevel())
+        warnings.warn(
+            f"{files} set, but unused: the region runs policy {policy.name!r} as it is; the variables "
+            f"change the {DEFAULT_PRESET!r} preset (by name, get_preset({DEFAULT_PRESET!r}) or the default). "
+            f"To edit the policy they make, start from hpu_autocast.builder.policy_from_env().edit(...)",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
     return policy
 
 
 # --- policies from list files, Gaudi's variables and configuration ---------------------------------
 
-def policy_from_bridge_files(preset: Union[str, Policy], *, lower: Optional[PathLike] = None,
-                             fp32: Optional[PathLike] = None) -> Policy:
+
+def policy_from_bridge_files(
+    preset: Union[str, Policy], *, lower: Optional[PathLike] = None, fp32: Optional[PathLike] = None
+) -> Policy:
     """``preset`` with the list files read as Gaudi's bridge reads its
     ``PT_HPU_AUTOCAST_*_OPS_LIST`` files (``gaudi``'s Note: list files as Gaudi's bridge reads
     them): each file replaces its own list only, an op on both lists is lower precision, and what
@@ -500,8 +590,9 @@ def policy_from_bridge_files(preset: Union[str, Policy], *, lower: Optional[Path
     return with_lists(base, **lists, lower_first=True)
 
 
-def policy_from_files(preset: Union[str, Policy], *, lower: Optional[PathLike] = None,
-                      fp32: Optional[PathLike] = None) -> Policy:
+def policy_from_files(
+    preset: Union[str, Policy], *, lower: Optional[PathLike] = None, fp32: Optional[PathLike] = None
+) -> Policy:
     """``preset`` (a name or a ``Policy``) with its lower and/or FP32 list replaced by the
     contents of list files. An empty path (HMP scripts pass ``""``) or ``None`` keeps that list.
     """

@@ -79,11 +79,23 @@ def bridge_applies(name: str, ops: List[OpOverload]) -> Tuple[List[OpOverload], 
 # function therefore has no effect on Gaudi (gelu_backward on the lower list casts nothing).
 _SKIPPED_PARTS = ("_.", "cuda", "cudn", "backward")
 #: AUTOCAST_BLOCKLIST's functions (its sym_size.int and sym_stride.int by C++ name).
-AUTOCAST_BLOCKLIST = frozenset({
-    "_cummax_helper", "_cummin_helper", "fused_moving_avg_obs_fake_quant", "_fused_moving_avg_obs_fq_helper",
-    "_native_batch_norm_legit", "sym_size", "sym_numel", "sym_stride", "sym_storage_offset",
-    "_scaled_dot_product_flash_attention", "_efficient_attention_forward", "_batch_norm_with_update",
-    "_scaled_dot_product_fused_attention_overrideable"})
+AUTOCAST_BLOCKLIST = frozenset(
+    {
+        "_cummax_helper",
+        "_cummin_helper",
+        "fused_moving_avg_obs_fake_quant",
+        "_fused_moving_avg_obs_fq_helper",
+        "_native_batch_norm_legit",
+        "sym_size",
+        "sym_numel",
+        "sym_stride",
+        "sym_storage_offset",
+        "_scaled_dot_product_flash_attention",
+        "_efficient_attention_forward",
+        "_batch_norm_with_update",
+        "_scaled_dot_product_fused_attention_overrideable",
+    }
+)
 #: Where torch exposes ATen's function variants (a name in none of them is a method-only op).
 _FUNCTION_NAMESPACES = ("_VariableFunctions", "_nn", "_linalg", "_special", "_fft", "_nested", "_sparse")
 
@@ -92,14 +104,17 @@ def never_registered(function: str) -> Optional[str]:
     """Why Gaudi's bridge registers no autocast kernel for the ATen function ``function`` (its
     C++ name), or ``None`` when it registers one (Note: the names Gaudi's bridge never registers)."""
     if function.endswith(("_out", "_")):
-        return "Gaudi's bridge registers no autocast kernel for an in-place or out= function (a name ending in _ or _out)"
+        return (
+            "Gaudi's bridge registers no autocast kernel for an in-place or out= function (a name ending in _ or _out)"
+        )
     part = next((p for p in _SKIPPED_PARTS if p in function), None)
     if part is not None:
         return f"Gaudi's bridge registers no autocast kernel for a function whose name contains {part!r}"
     if function in AUTOCAST_BLOCKLIST:
         return "Gaudi's bridge registers no autocast kernel for it (gen_op.py's AUTOCAST_BLOCKLIST)"
     if hasattr(_torch.TensorBase, function) and not any(
-            hasattr(_torch.c_function_namespace(ns), function) for ns in _FUNCTION_NAMESPACES):
+        hasattr(_torch.c_function_namespace(ns), function) for ns in _FUNCTION_NAMESPACES
+    ):
         return "a Tensor method with no function variant, for which Gaudi's bridge registers no autocast kernel"
     return None
 
@@ -115,8 +130,8 @@ def cpp_hint(name: str, why: str) -> str:
     return f"; its C++ name is {cpp}"
 
 
-
 # --- list files ------------------------------------------------------------------------------------
+
 
 def _read_text(path: str, what: str) -> str:
     """A text file's contents; ``PolicyError`` naming ``what`` and the file when it is missing,
@@ -171,8 +186,22 @@ def read_list(path: PathLike) -> List[Entry]:
 # too, are skipped quietly (Gaudi's discarding them changes nothing).
 
 #: Top-level folders under which the bridge refuses a list file (validate_ops_list_path).
-SYSTEM_FOLDERS = ("/bin", "/etc", "/usr", "/var", "/boot", "/dev", "/lib", "/lost+found", "/proc", "/run",
-                  "/sbin", "/srv", "/sys", "/root")
+SYSTEM_FOLDERS = (
+    "/bin",
+    "/etc",
+    "/usr",
+    "/var",
+    "/boot",
+    "/dev",
+    "/lib",
+    "/lost+found",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/root",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,8 +240,10 @@ def _line_problem(raw: str, name: str) -> Optional[str]:
     if raw == name:
         return None
     if raw.endswith("\r"):
-        return ("the line ends in a carriage return (a Windows line end), which Gaudi's bridge keeps as "
-                "part of the name, so it matches no op; save the file with Unix line ends")
+        return (
+            "the line ends in a carriage return (a Windows line end), which Gaudi's bridge keeps as "
+            "part of the name, so it matches no op; save the file with Unix line ends"
+        )
     if raw.startswith("\ufeff"):
         return "the file starts with a byte-order mark, which Gaudi's bridge reads as part of the first name"
     if "#" in raw:
@@ -231,7 +262,7 @@ def _unregistered(name: str) -> Optional[str]:
             return None
         base = sorted({_ops.op_base_name(op) for op in ops})
         hint = f"; Gaudi's list files take ATen function names only: write {' or '.join(base)}"
-    return f"not an ATen op name, and Gaudi's bridge keeps only those (\"Discarded unregistered op at line\"){hint}"
+    return f'not an ATen op name, and Gaudi\'s bridge keeps only those ("Discarded unregistered op at line"){hint}'
 
 
 def bridge_findings(path: PathLike) -> Tuple[Optional[List[Entry]], List[Finding]]:
@@ -299,8 +330,9 @@ def _ops_of(name: str) -> set:
         return set()
 
 
-def pair_findings(base: Policy, lower: Optional[List[Entry]], fp32: Optional[List[Entry]],
-                  lower_path: Optional[str] = None) -> List[Finding]:
+def pair_findings(
+    base: Policy, lower: Optional[List[Entry]], fp32: Optional[List[Entry]], lower_path: Optional[str] = None
+) -> List[Finding]:
     """What Gaudi's bridge does with an FP32 file's entries otherwise than the file says, given the
     lower file's entries (``None``: no lower file, so ``base``'s lower list stays): an entry also
     on the lower file, and one the kept default lower list shadows, both run in lower precision
@@ -316,21 +348,36 @@ def pair_findings(base: Policy, lower: Optional[List[Entry]], fp32: Optional[Lis
             hit = next((low[op] for op in sorted(ops, key=str) if op in low), None)
             if hit is not None:
                 lname, (lpath, lline) = hit
-                out.append(Finding(path, line, name, f"{name!r} is also on the lower file ({lpath}, line {lline}, as "
-                                   f"{lname!r}): it runs in lower precision, as on Gaudi, whose bridge tries the lower "
-                                   "list first; remove it from one file"))
+                out.append(
+                    Finding(
+                        path,
+                        line,
+                        name,
+                        f"{name!r} is also on the lower file ({lpath}, line {lline}, as "
+                        f"{lname!r}): it runs in lower precision, as on Gaudi, whose bridge tries the lower "
+                        "list first; remove it from one file",
+                    )
+                )
         else:
             shadowed = sorted((str(op) for op in ops if base.table.get(op) is CastPolicy.LOWER))
             if shadowed:
-                out.append(Finding(path, line, name, f"{name!r} stays in lower precision: it is on the default lower "
-                                   f"list ({', '.join(shadowed)}), which stays when only the FP32 file is given, and "
-                                   "Gaudi's bridge tries the lower list first; give a lower file without it too, or "
-                                   f"use get_preset({base.name!r}).edit(fp32=[{name!r}])"))
+                out.append(
+                    Finding(
+                        path,
+                        line,
+                        name,
+                        f"{name!r} stays in lower precision: it is on the default lower "
+                        f"list ({', '.join(shadowed)}), which stays when only the FP32 file is given, and "
+                        "Gaudi's bridge tries the lower list first; give a lower file without it too, or "
+                        f"use get_preset({base.name!r}).edit(fp32=[{name!r}])",
+                    )
+                )
     return out
 
 
-def bridge_lists(base: Policy, lower: Optional[PathLike] = None,
-                 fp32: Optional[PathLike] = None) -> Dict[str, Optional[List[Entry]]]:
+def bridge_lists(
+    base: Policy, lower: Optional[PathLike] = None, fp32: Optional[PathLike] = None
+) -> Dict[str, Optional[List[Entry]]]:
     """The lists Gaudi's bridge reads from its list files, for a policy made from ``base``:
     ``{"lower": entries, "fp32": entries}`` for each path given (entries ``None`` where the bridge
     refuses the file and keeps ``base``'s list). What Gaudi drops or refuses is warned about
@@ -385,6 +432,7 @@ def env_path(new: str) -> Optional[str]:
 
 #: preset -> (the stamps of the list files it was last read with, the policy read). One entry a
 
+
 def env_files() -> Tuple[Optional[str], Optional[str]]:
     """The lower and FP32 list files the variables name (``None`` for one unset or empty)."""
     return env_path(ENV_LOWER), env_path(ENV_FP32)
@@ -411,17 +459,43 @@ GAUDI_CONFIG_HMP_LISTS = (("hmp_bf16_ops", "lower"), ("hmp_fp32_ops", "fp32"))
 #: optimum-habana's DEFAULT_BF16_OPS and DEFAULT_FP32_OPS (BERT's): what an older GaudiConfig
 #: gave HMP when hmp_bf16_ops or hmp_fp32_ops was absent.
 GAUDI_CONFIG_HMP_DEFAULTS = {
-    "lower": ["add", "addmm", "bmm", "div", "dropout", "gelu", "iadd", "linear", "layer_norm", "matmul", "mm",
-              "rsub", "softmax", "truediv"],
+    "lower": [
+        "add",
+        "addmm",
+        "bmm",
+        "div",
+        "dropout",
+        "gelu",
+        "iadd",
+        "linear",
+        "layer_norm",
+        "matmul",
+        "mm",
+        "rsub",
+        "softmax",
+        "truediv",
+    ],
     "fp32": ["embedding", "nll_loss", "log_softmax"],
 }
 #: Every key a GaudiConfig of optimum-habana 1.x reads or writes (``optimum_version`` and
 #: ``transformers_version``: the metadata its save_pretrained adds).
-GAUDI_CONFIG_KEYS = frozenset({
-    "use_torch_autocast", "autocast_bf16_ops", "autocast_fp32_ops",
-    "use_habana_mixed_precision", "hmp_bf16_ops", "hmp_fp32_ops", "hmp_is_verbose", "hmp_opt_level",
-    "use_fused_adam", "use_fused_clip_norm", "use_dynamic_shapes", "optimum_version", "transformers_version",
-})
+GAUDI_CONFIG_KEYS = frozenset(
+    {
+        "use_torch_autocast",
+        "autocast_bf16_ops",
+        "autocast_fp32_ops",
+        "use_habana_mixed_precision",
+        "hmp_bf16_ops",
+        "hmp_fp32_ops",
+        "hmp_is_verbose",
+        "hmp_opt_level",
+        "use_fused_adam",
+        "use_fused_clip_norm",
+        "use_dynamic_shapes",
+        "optimum_version",
+        "transformers_version",
+    }
+)
 
 
 # [Note: a Gaudi configuration as optimum-habana applies it]
@@ -448,13 +522,16 @@ GAUDI_CONFIG_KEYS = frozenset({
 # attribute, silently (BaseConfig); here such a key warns, naming the nearest known key, since a
 # misspelt list key (autocast_bf16_op) would otherwise leave Gaudi's default lists in force.
 
+
 def _gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Tuple[Optional[str], Mapping[str, Any]]:
     """``(path or None, the configuration as a dict)``; errors name the file."""
     if isinstance(config, Mapping):
         return None, config
     if not isinstance(config, (str, os.PathLike)):
-        raise TypeError(f"policy_from_gaudi_config takes the path of a {GAUDI_CONFIG_NAME} (or of the directory "
-                        f"holding one) or its contents as a dict, got {type(config).__name__}")
+        raise TypeError(
+            f"policy_from_gaudi_config takes the path of a {GAUDI_CONFIG_NAME} (or of the directory "
+            f"holding one) or its contents as a dict, got {type(config).__name__}"
+        )
     path = os.fspath(config)
     if os.path.isdir(path):
         path = os.path.join(path, GAUDI_CONFIG_NAME)
@@ -462,11 +539,14 @@ def _gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Tuple[Optional[
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PolicyError(f"Gaudi configuration {path!r} is not valid JSON: {e.msg} "
-                          f"(line {e.lineno}, column {e.colno})") from None
+        raise PolicyError(
+            f"Gaudi configuration {path!r} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})"
+        ) from None
     if not isinstance(data, dict):
-        raise PolicyError(f"Gaudi configuration {path!r} holds a JSON {type(data).__name__}, not an object "
-                          f'such as {{"autocast_bf16_ops": [...], "autocast_fp32_ops": [...]}}')
+        raise PolicyError(
+            f"Gaudi configuration {path!r} holds a JSON {type(data).__name__}, not an object "
+            f'such as {{"autocast_bf16_ops": [...], "autocast_fp32_ops": [...]}}'
+        )
     return path, data
 
 
@@ -477,8 +557,9 @@ def _gaudi_config_list(data: Mapping[str, Any], key: str, path: Optional[str]) -
         return None
     where = f"Gaudi configuration {path!r}" if path is not None else "Gaudi configuration dict"
     if not isinstance(value, (list, tuple)):
-        raise PolicyError(f"{where}: {key} must be a list of op names (or null), got {value!r} "
-                          f"({type(value).__name__})")
+        raise PolicyError(
+            f"{where}: {key} must be a list of op names (or null), got {value!r} ({type(value).__name__})"
+        )
     for i, name in enumerate(value):
         if not isinstance(name, str):
             raise PolicyError(f"{where}: {key}[{i}] is {name!r} ({type(name).__name__}), not an op name")
@@ -496,8 +577,12 @@ def _warn_unknown_gaudi_keys(data: Mapping[str, Any], path: Optional[str]) -> No
             continue
         near = difflib.get_close_matches(str(key), sorted(GAUDI_CONFIG_KEYS), n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
-        warnings.warn(f"{_gaudi_where(path)}: unknown key {key!r}, ignored (optimum-habana keeps it unread); "
-                      f"{hint}the keys read are {', '.join(sorted(GAUDI_CONFIG_KEYS))}", UserWarning, stacklevel=user_stacklevel())
+        warnings.warn(
+            f"{_gaudi_where(path)}: unknown key {key!r}, ignored (optimum-habana keeps it unread); "
+            f"{hint}the keys read are {', '.join(sorted(GAUDI_CONFIG_KEYS))}",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
 
 def read_gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Tuple[Optional[str], Dict[str, List[Entry]]]:
@@ -511,17 +596,20 @@ def read_gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Tuple[Optio
     _warn_unknown_gaudi_keys(data, path)
     hmp_on, autocast = data.get("use_habana_mixed_precision"), data.get("use_torch_autocast")
     if hmp_on and autocast:
-        raise PolicyError(f"{_gaudi_where(path)}: use_habana_mixed_precision and use_torch_autocast are both true; "
-                          "optimum-habana refuses that (one mixed-precision mode or the other): set one to false")
+        raise PolicyError(
+            f"{_gaudi_where(path)}: use_habana_mixed_precision and use_torch_autocast are both true; "
+            "optimum-habana refuses that (one mixed-precision mode or the other): set one to false"
+        )
     if hmp_on:  # an older configuration's HMP policy: what its hmp.convert call ran
         level = data.get("hmp_opt_level") or "O1"
         if level not in ("O1", "O2"):
-            raise PolicyError(f"{_gaudi_where(path)}: hmp_opt_level must be \"O1\" or \"O2\", got {level!r}")
+            raise PolicyError(f'{_gaudi_where(path)}: hmp_opt_level must be "O1" or "O2", got {level!r}')
         if level == "O2":
             return "hmp-O2", {}
         lists = {arg: _gaudi_config_list(data, key, path) for key, arg in GAUDI_CONFIG_HMP_LISTS}
-        return "hmp", {arg: GAUDI_CONFIG_HMP_DEFAULTS[arg] if entries is None else entries
-                       for arg, entries in lists.items()}
+        return "hmp", {
+            arg: GAUDI_CONFIG_HMP_DEFAULTS[arg] if entries is None else entries for arg, entries in lists.items()
+        }
     if autocast is False:
         return None, {}
     lists = {arg: _gaudi_config_list(data, key, path) for key, arg in GAUDI_CONFIG_LISTS}
@@ -529,11 +617,14 @@ def read_gaudi_config(config: Union[PathLike, Mapping[str, Any]]) -> Tuple[Optio
     if len(given) == 1:
         missing = next(key for key, _ in GAUDI_CONFIG_LISTS if key not in given)
         where = repr(path) if path is not None else "dict"
-        warnings.warn(f"Gaudi configuration {where} gives {given[0]} but not {missing}; optimum-habana sets "
-                      f"autocast's lists only when both are given, so neither applies and the policy is the "
-                      f"{DEFAULT_PRESET!r} preset's. Give both lists (to keep one of the preset's, copy its names: "
-                      f"hpu-autocast policy --preset {DEFAULT_PRESET}).",
-                      UserWarning, stacklevel=user_stacklevel())
+        warnings.warn(
+            f"Gaudi configuration {where} gives {given[0]} but not {missing}; optimum-habana sets "
+            f"autocast's lists only when both are given, so neither applies and the policy is the "
+            f"{DEFAULT_PRESET!r} preset's. Give both lists (to keep one of the preset's, copy its names: "
+            f"hpu-autocast policy --preset {DEFAULT_PRESET}).",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
     if len(given) < len(GAUDI_CONFIG_LISTS):
         return DEFAULT_PRESET, {}
     return DEFAULT_PRESET, lists

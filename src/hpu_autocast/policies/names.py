@@ -24,7 +24,17 @@ from .._facts import ops as _ops
 from .. import _torch
 from .._torch import OpOverload
 
-__all__ = ["PolicyError", "PYTHON_ALIASES", "Source", "Entry", "describe", "user_stacklevel", "is_python_name", "resolve", "suggestions"]
+__all__ = [
+    "PolicyError",
+    "PYTHON_ALIASES",
+    "Source",
+    "Entry",
+    "describe",
+    "user_stacklevel",
+    "is_python_name",
+    "resolve",
+    "suggestions",
+]
 
 #: Python-level spellings used by the seed documents and by HMP/Gaudi list files, mapped to
 #: ATen packet names. A tuple maps to several packets. None of them is itself the name of an
@@ -178,9 +188,7 @@ def resolve(name: str, source: Optional[Source] = None) -> List[OpOverload]:
             op = None
         if not isinstance(op, OpOverload):
             valid = ", ".join(sorted(packet.overloads()))
-            raise PolicyError(
-                f"unknown overload {name!r}{_where(source)}; {ns}::{base} has: {valid}"
-            )
+            raise PolicyError(f"unknown overload {name!r}{_where(source)}; {ns}::{base} has: {valid}")
         return [op]
     ops = list(_ops.overloads(packet))
     if base.endswith("_"):

@@ -96,8 +96,11 @@ def takes(op: OpOverload, action: CastPolicy) -> bool:
     overload with a first tensor argument and a dtype argument to set (FP32_SET_OPT_DTYPE) or a
     sibling overload to go to (FP32_APPEND_DTYPE); the others take any op."""
     if action is CastPolicy.FP32_SET_OPT_DTYPE:
-        return (_ops.first_is_tensor(op) and bool(_ops.optional_dtype_positions(op))
-                and not (_ops.is_out(op) or _ops.is_inplace(op)))
+        return (
+            _ops.first_is_tensor(op)
+            and bool(_ops.optional_dtype_positions(op))
+            and not (_ops.is_out(op) or _ops.is_inplace(op))
+        )
     if action is CastPolicy.FP32_APPEND_DTYPE:
         return _ops.first_is_tensor(op) and _ops.append_dtype_overload(op) is not None
     return True
@@ -225,8 +228,10 @@ class Policy:
     def __post_init__(self) -> None:
         # Note: frozen means frozen all the way down; callers may pass plain dicts. Keys are
         # checked and actions coerced here, so a hand-made policy fails at once, by name.
-        table = {_overload(k, f"Policy {self.name!r}: table key"): _action(v, f"Policy {self.name!r}: table[{k}]")
-                 for k, v in self.table.items()}
+        table = {
+            _overload(k, f"Policy {self.name!r}: table key"): _action(v, f"Policy {self.name!r}: table[{k}]")
+            for k, v in self.table.items()
+        }
         banned = {_overload(k, f"Policy {self.name!r}: banned key"): v for k, v in self.banned.items()}
         object.__setattr__(self, "table", MappingProxyType(table))
         object.__setattr__(self, "banned", MappingProxyType(banned))
@@ -242,16 +247,30 @@ class Policy:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _action(getattr(self, name), f"Policy {self.name!r}: {name}"))
         if self.explicit_dtype not in EXPLICIT_DTYPE:
-            raise ValueError(f"Policy {self.name!r}: explicit_dtype = {self.explicit_dtype!r}; accepted: "
-                             f"{' or '.join(map(repr, EXPLICIT_DTYPE))}")
+            raise ValueError(
+                f"Policy {self.name!r}: explicit_dtype = {self.explicit_dtype!r}; accepted: "
+                f"{' or '.join(map(repr, EXPLICIT_DTYPE))}"
+            )
         if not isinstance(self.fp8, RECIPES):
-            raise TypeError(f"Policy {self.name!r}: fp8 = {self.fp8!r}; accepted: recipes.Tensorwise(), "
-                            "recipes.Delayed(...) or recipes.Rowwise(...)")
+            raise TypeError(
+                f"Policy {self.name!r}: fp8 = {self.fp8!r}; accepted: recipes.Tensorwise(), "
+                "recipes.Delayed(...) or recipes.Rowwise(...)"
+            )
         for op, action in table.items():
             _check_kind(op, action, self.name)
         # Once: a region's entry looks the policy up in compile_policy's cache.
-        object.__setattr__(self, "_hash", hash((self.name, self.fp8, tuple(sorted(map(str, self.bf16_gemms))),
-                                                 tuple(sorted((str(k), v.value) for k, v in table.items())))))
+        object.__setattr__(
+            self,
+            "_hash",
+            hash(
+                (
+                    self.name,
+                    self.fp8,
+                    tuple(sorted(map(str, self.bf16_gemms))),
+                    tuple(sorted((str(k), v.value) for k, v in table.items())),
+                )
+            ),
+        )
 
     def __hash__(self) -> int:
         return self._hash
@@ -288,10 +307,18 @@ class Policy:
         state["bf16_gemms"] = sorted(map(name, self.bf16_gemms))
         return (_from_names, (state,))
 
-    def edit(self, *, lower: Optional[Iterable] = None, fp32: Optional[Iterable] = None,
-             fp32_set_opt_dtype: Optional[Iterable] = None, fp32_append_dtype: Optional[Iterable] = None,
-             promote: Optional[Iterable] = None, first: Optional[Iterable] = None,
-             unlisted: Optional[Iterable] = None, name: Optional[str] = None) -> "Policy":
+    def edit(
+        self,
+        *,
+        lower: Optional[Iterable] = None,
+        fp32: Optional[Iterable] = None,
+        fp32_set_opt_dtype: Optional[Iterable] = None,
+        fp32_append_dtype: Optional[Iterable] = None,
+        promote: Optional[Iterable] = None,
+        first: Optional[Iterable] = None,
+        unlisted: Optional[Iterable] = None,
+        name: Optional[str] = None,
+    ) -> "Policy":
         """A new policy with the named ops moved to these kinds and every other op where it was.
 
         ``get_preset("hpu").edit(lower=["gelu"], fp32=["softmax"], unlisted=["dropout"])`` puts
@@ -309,8 +336,17 @@ class Policy:
         """
         from .builder import edit_policy  # Note: the names live above this data module
 
-        return edit_policy(self, name=name, lower=lower, fp32=fp32, fp32_set_opt_dtype=fp32_set_opt_dtype,
-                           fp32_append_dtype=fp32_append_dtype, promote=promote, first=first, unlisted=unlisted)
+        return edit_policy(
+            self,
+            name=name,
+            lower=lower,
+            fp32=fp32,
+            fp32_set_opt_dtype=fp32_set_opt_dtype,
+            fp32_append_dtype=fp32_append_dtype,
+            promote=promote,
+            first=first,
+            unlisted=unlisted,
+        )
 
     def ops(self, action: CastPolicy) -> list:
         """The overloads with ``action``, sorted by name."""
@@ -321,8 +357,7 @@ class Policy:
         under any policy that runs bfloat16: ``recipes.supports``)."""
         if not supports(self.dtypes, dtype):
             accepted = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
-            fp8 = ("; fp8 regions need a policy whose dtypes include it or bfloat16"
-                   if dtype in FP8_DTYPES else "")
+            fp8 = "; fp8 regions need a policy whose dtypes include it or bfloat16" if dtype in FP8_DTYPES else ""
             raise ValueError(
                 f"policy {self.name!r} does not support dtype={str(dtype).replace('torch.', '')}; "
                 f"accepted: {accepted}{fp8}"
@@ -336,8 +371,12 @@ class Policy:
 def _from_names(state: dict) -> Policy:
     """The inverse of ``Policy.__reduce__``."""
     op = _ops.overload_named
-    return Policy(**{**state,
-                     "table": {op(k): a for k, a in state["table"].items()},
-                     "banned": {op(k): m for k, m in state["banned"].items()},
-                     "input_only": frozenset(map(op, state["input_only"])),
-                     "bf16_gemms": frozenset(map(op, state.get("bf16_gemms", ())))})
+    return Policy(
+        **{
+            **state,
+            "table": {op(k): a for k, a in state["table"].items()},
+            "banned": {op(k): m for k, m in state["banned"].items()},
+            "input_only": frozenset(map(op, state["input_only"])),
+            "bf16_gemms": frozenset(map(op, state.get("bf16_gemms", ()))),
+        }
+    )

@@ -32,8 +32,18 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["FP8_DTYPES", "Tensorwise", "Delayed", "Rowwise", "Recipe", "RECIPES", "is_fp8", "cast_dtype", "supports",
-           "emulates"]
+__all__ = [
+    "FP8_DTYPES",
+    "Tensorwise",
+    "Delayed",
+    "Rowwise",
+    "Recipe",
+    "RECIPES",
+    "is_fp8",
+    "cast_dtype",
+    "supports",
+    "emulates",
+]
 
 #: The region dtypes that mean "GEMMs in fp8": the forward's operands in e4m3; the gradient in
 #: e5m2 (Transformer Engine's "hybrid" format); everything else the policy lowers in bfloat16.
@@ -100,12 +110,15 @@ class Delayed:
         if not isinstance(self.margin, int) or self.margin < 0:
             raise ValueError(f"Delayed: margin = {self.margin!r}; accepted: an int >= 0")
         if self.amax_compute not in AMAX_COMPUTE:
-            raise ValueError(f"Delayed: amax_compute = {self.amax_compute!r}; accepted: "
-                             f"{' or '.join(map(repr, AMAX_COMPUTE))}")
+            raise ValueError(
+                f"Delayed: amax_compute = {self.amax_compute!r}; accepted: {' or '.join(map(repr, AMAX_COMPUTE))}"
+            )
 
     def __str__(self) -> str:
-        return (f"delayed(history={self.history}, margin={self.margin}, amax={self.amax_compute}"
-                f"{_emulate_str(self)[1:-1] and ', ' + _emulate_str(self)[1:-1]})")
+        return (
+            f"delayed(history={self.history}, margin={self.margin}, amax={self.amax_compute}"
+            f"{_emulate_str(self)[1:-1] and ', ' + _emulate_str(self)[1:-1]})"
+        )
 
 
 @dataclass(frozen=True)
@@ -126,8 +139,9 @@ class Rowwise:
     def __post_init__(self) -> None:
         _check_emulate(self)
         if self.weight_grad not in WEIGHT_GRAD:
-            raise ValueError(f"Rowwise: weight_grad = {self.weight_grad!r}; accepted: "
-                             f"{' or '.join(map(repr, WEIGHT_GRAD))}")
+            raise ValueError(
+                f"Rowwise: weight_grad = {self.weight_grad!r}; accepted: {' or '.join(map(repr, WEIGHT_GRAD))}"
+            )
 
     def __str__(self) -> str:
         parts = [f"weight_grad={self.weight_grad}"] if self.weight_grad != "e4m3" else []
@@ -137,8 +151,9 @@ class Rowwise:
 
 def _check_emulate(recipe) -> None:
     if recipe.emulate not in (None, True, False):
-        raise ValueError(f"{type(recipe).__name__}: emulate = {recipe.emulate!r}; accepted: None (emulated on a "
-                         "CPU), True or False")
+        raise ValueError(
+            f"{type(recipe).__name__}: emulate = {recipe.emulate!r}; accepted: None (emulated on a CPU), True or False"
+        )
 
 
 def _emulate_str(recipe) -> str:

@@ -18,8 +18,9 @@ __all__ = ["is_eligible", "eligibility", "compute_dtype", "has_explicit_dtype", 
 _FLOAT32 = torch.float32
 _FLOAT64 = torch.float64
 #: The floating dtypes but float64: a set, as one lookup is cheaper than two tests of a dtype.
-_CASTABLE = frozenset(d for d in vars(torch).values()
-                      if isinstance(d, torch.dtype) and d.is_floating_point and d is not _FLOAT64)
+_CASTABLE = frozenset(
+    d for d in vars(torch).values() if isinstance(d, torch.dtype) and d.is_floating_point and d is not _FLOAT64
+)
 
 
 class PromoteError(RuntimeError):
@@ -47,8 +48,9 @@ def is_eligible(t: object, device_type: str) -> bool:
     return isinstance(t, torch.Tensor) and eligibility(device_type)(t)
 
 
-def compute_dtype(action: CastPolicy, dtypes: Iterable[torch.dtype], lower: torch.dtype,
-                  op: str = "op") -> Optional[torch.dtype]:
+def compute_dtype(
+    action: CastPolicy, dtypes: Iterable[torch.dtype], lower: torch.dtype, op: str = "op"
+) -> Optional[torch.dtype]:
     """The dtype an op with ``action`` computes in, given its eligible inputs' ``dtypes`` in
     argument order.
 
@@ -73,7 +75,8 @@ def compute_dtype(action: CastPolicy, dtypes: Iterable[torch.dtype], lower: torc
             raise PromoteError(
                 f"{op}: cannot promote a {str(d).replace('torch.', '')} input in a {short} region: "
                 f"autocast promotes float32 and {short} only (as torch.autocast does); cast that "
-                f"input to float32 or {short} first")
+                f"input to float32 or {short} first"
+            )
     return current
 
 

@@ -18,15 +18,38 @@ docs/testing.md has the long form.
 
 from __future__ import annotations
 
-from ._check import (WHYS, Deviation, Deviations, Kind, PolicyViolation, Watch, assert_follows_policy,
-                     check_policy, watch_policy)
+from ._check import (
+    WHYS,
+    Deviation,
+    Deviations,
+    Kind,
+    PolicyViolation,
+    Watch,
+    assert_follows_policy,
+    check_policy,
+    watch_policy,
+)
 
 for _cls in (Deviation, Deviations, Kind, PolicyViolation, Watch):
     _cls.__module__ = __name__  # shown as hpu_autocast.testing.PolicyViolation in a failure
 del _cls
 
-__all__ = ["check_policy", "assert_follows_policy", "watch_policy", "Watch", "Deviation", "Deviations", "Kind",
-           "PolicyViolation", "WHYS", "policies", "eligible_tensors", "inputs_for", "model_inputs", "module_maps"]
+__all__ = [
+    "check_policy",
+    "assert_follows_policy",
+    "watch_policy",
+    "Watch",
+    "Deviation",
+    "Deviations",
+    "Kind",
+    "PolicyViolation",
+    "WHYS",
+    "policies",
+    "eligible_tensors",
+    "inputs_for",
+    "model_inputs",
+    "module_maps",
+]
 
 
 def _load():

@@ -47,8 +47,16 @@ from ..policies.recipes import cast_dtype, is_fp8
 from ..log import combine_observers
 from ..policies.policy import CastPolicy, Policy
 
-__all__ = ["Kind", "Deviation", "Deviations", "PolicyViolation", "check_policy", "assert_follows_policy",
-           "watch_policy", "Watch"]
+__all__ = [
+    "Kind",
+    "Deviation",
+    "Deviations",
+    "PolicyViolation",
+    "check_policy",
+    "assert_follows_policy",
+    "watch_policy",
+    "Watch",
+]
 
 _F64 = torch.float64
 _F32 = torch.float32
@@ -91,8 +99,19 @@ WRITE_EXTRA = "written only under the mode"
 INF_NAN = "inf/nan"
 MAPPED = "mapped module"
 BACKWARD = "(backward)"
-WHYS = (FLOAT64, INTEGER, EXPLICIT, DISABLED, OWN_CAST, LOWER_INPUTS, WRITE_LOST, WRITE_CAST, WRITE_EXTRA, INF_NAN,
-        MAPPED)
+WHYS = (
+    FLOAT64,
+    INTEGER,
+    EXPLICIT,
+    DISABLED,
+    OWN_CAST,
+    LOWER_INPUTS,
+    WRITE_LOST,
+    WRITE_CAST,
+    WRITE_EXTRA,
+    INF_NAN,
+    MAPPED,
+)
 
 
 @dataclass(frozen=True)
@@ -100,15 +119,15 @@ class Deviation:
     """One way a run departed from its policy's intent (equal calls counted once, in ``calls``)."""
 
     kind: Kind
-    op: Optional[OpOverload]       #: the overload, ``None`` for a write
+    op: Optional[OpOverload]  #: the overload, ``None`` for a write
     #: ``encoder.layers.1.proj``; ``""`` the root module; ``"(backward)"`` a backward call; ``None``
     #: outside any module (or unknown, for a write)
     module: Optional[str]
-    why: str                       #: one of ``WHYS``
-    inputs: tuple = ()             #: the call's tensor input dtypes
-    compute: Optional[torch.dtype] = None   #: the dtype it ran in (for a write: the dtype written)
+    why: str  #: one of ``WHYS``
+    inputs: tuple = ()  #: the call's tensor input dtypes
+    compute: Optional[torch.dtype] = None  #: the dtype it ran in (for a write: the dtype written)
     expected: Optional[torch.dtype] = None  #: the dtype the policy (or the float32 run) gives
-    source: Optional[str] = None   #: where the offending dtype or value came from
+    source: Optional[str] = None  #: where the offending dtype or value came from
     calls: int = 1
 
     def __str__(self) -> str:
@@ -161,7 +180,7 @@ class PolicyViolation(AssertionError):
 @dataclass(frozen=True)
 class _Origin:
     dtype: torch.dtype
-    why: str        # OWN_CAST, or FLOAT64 / LOWER_INPUTS for a parameter or the caller's input
+    why: str  # OWN_CAST, or FLOAT64 / LOWER_INPUTS for a parameter or the caller's input
     source: str
 
 
@@ -179,8 +198,9 @@ def _first_floating(out) -> Optional[torch.dtype]:
 class _ModuleStack:
     """The modules being run (global forward hooks), as dotted paths from the roots given."""
 
-    def __init__(self, roots: Dict[str, torch.nn.Module], on_enter: Callable,
-                 module_map: Optional[_module_map.ModuleMap] = None) -> None:
+    def __init__(
+        self, roots: Dict[str, torch.nn.Module], on_enter: Callable, module_map: Optional[_module_map.ModuleMap] = None
+    ) -> None:
         self.names: Dict[int, str] = {}
         for prefix, root in roots.items():
             for name, m in root.named_modules(remove_duplicate=False):
@@ -221,7 +241,8 @@ class _ModuleStack:
     def _pre(self, module, args) -> None:
         if self.map is not None:
             root = not _module_map._is_compiled_wrapper(module) and all(
-                _module_map._is_compiled_wrapper(m) for m, _ in self.stack)  # the map skips compile's wrapper
+                _module_map._is_compiled_wrapper(m) for m, _ in self.stack
+            )  # the map skips compile's wrapper
             if root:
                 self._resolved = _module_map._resolve(module, self.map)[0]
             self._hits.append(self._resolved.get(module) if self._resolved is not None else None)
@@ -238,8 +259,11 @@ class _ModuleStack:
 
     def __enter__(self) -> "_ModuleStack":
         from torch.nn.modules import module as m
-        self.handles = [m.register_module_forward_pre_hook(self._pre),
-                        m.register_module_forward_hook(self._post, always_call=True)]
+
+        self.handles = [
+            m.register_module_forward_pre_hook(self._pre),
+            m.register_module_forward_hook(self._post, always_call=True),
+        ]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -267,9 +291,16 @@ class Watch:
     """What ``watch_policy`` yields: the region (``mode``), and the deviations met so far
     (``deviations``, filled as the body runs)."""
 
-    def __init__(self, policy: Policy, dtype: torch.dtype, device_type: str, roots: Dict[str, torch.nn.Module],
-                 ignore: Iterable = (), find_nonfinite: bool = False,
-                 module_map: Optional[_module_map.ModuleMap] = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        dtype: torch.dtype,
+        device_type: str,
+        roots: Dict[str, torch.nn.Module],
+        ignore: Iterable = (),
+        find_nonfinite: bool = False,
+        module_map: Optional[_module_map.ModuleMap] = None,
+    ) -> None:
         self.policy = policy
         self.dtype = dtype
         self.device_type = device_type
@@ -287,8 +318,9 @@ class Watch:
         self._last_cast: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._find_nonfinite = find_nonfinite
         self.nonfinite_at: Optional[Deviation] = None
-        self._tables = {a: frozenset(op for op, x in policy.table.items() if x is a)
-                        for a in (CastPolicy.LOWER,) + _FLOAT32_KINDS}
+        self._tables = {
+            a: frozenset(op for op, x in policy.table.items() if x is a) for a in (CastPolicy.LOWER,) + _FLOAT32_KINDS
+        }
         self._seen_modules: set = set()
 
     # -- findings
@@ -391,8 +423,12 @@ class Watch:
             return
         module = self.modules.path()
         args = _tensors((event.args, event.kwargs))
-        if hit is not None and event.outcome is Outcome.CAST and _F64 not in event.inputs \
-                and not _computes_as(expected, event.compute):
+        if (
+            hit is not None
+            and event.outcome is Outcome.CAST
+            and _F64 not in event.inputs
+            and not _computes_as(expected, event.compute)
+        ):
             self._mapped(op, module, hit, event.inputs, event.compute, expected)
         elif event.outcome is Outcome.INELIGIBLE and not _computes_as(expected, event.compute):
             if event.reason == "float64":
@@ -412,13 +448,17 @@ class Watch:
                 for arg, t in _float32_inputs(event):
                     o = self._origins.get(t)
                     if t.dtype in _LOW and o is not None and o.dtype is t.dtype:
-                        self.add(Deviation(Kind.ROUNDED, op, module, o.why, event.inputs, _F32, _F32,
-                                           f"{arg}: {o.source}"))
+                        self.add(
+                            Deviation(Kind.ROUNDED, op, module, o.why, event.inputs, _F32, _F32, f"{arg}: {o.source}")
+                        )
 
     def _float64(self, op, module, inputs, compute, expected, args) -> None:
         o = self._origin(args, _F64)
-        self.add(Deviation(Kind.DTYPE, op, module, o.why if o else FLOAT64, inputs, compute, expected,
-                           o.source if o else None))
+        self.add(
+            Deviation(
+                Kind.DTYPE, op, module, o.why if o else FLOAT64, inputs, compute, expected, o.source if o else None
+            )
+        )
 
     def _claim_cast(self, source: object) -> None:
         # The engine reported a _to_copy: the model's own cast (the engine's casts make no
@@ -428,8 +468,9 @@ class Watch:
             out = last[1]
             module = self.modules.path()
             where = f"in {module}" if module else ("in the root module" if module == "" else "outside modules")
-            self._origins[out] = _Origin(out.dtype, OWN_CAST, f"{short_dtype(source.dtype)} -> "
-                                         f"{short_dtype(out.dtype)} {where}")
+            self._origins[out] = _Origin(
+                out.dtype, OWN_CAST, f"{short_dtype(source.dtype)} -> {short_dtype(out.dtype)} {where}"
+            )
 
     # -- every call, below the engine
     def ran(self, func: OpOverload, args: tuple, kwargs: dict, out) -> None:
@@ -451,8 +492,13 @@ class Watch:
         if hit is not None:
             expected = self._mapped_expected(func, None, hit)
             on = [t for t in ins if t.device.type == self.device_type and t.is_floating_point()]
-            if expected is None or computed is None or _computes_as(expected, computed) or not on \
-                    or any(t.dtype is _F64 for t in on):
+            if (
+                expected is None
+                or computed is None
+                or _computes_as(expected, computed)
+                or not on
+                or any(t.dtype is _F64 for t in on)
+            ):
                 return
             if _mode.is_enabled() and _engine.observing():
                 return  # the engine's event for the call is judged by observe()
@@ -467,11 +513,17 @@ class Watch:
         if not _mode.is_enabled():
             if _engine.observing():
                 return  # torch.autocast(enabled=False) in the watched region: its events say so
-            self.add(Deviation(Kind.DTYPE, func, self.modules.path(), DISABLED,
-                               tuple(t.dtype for t in ins), computed, expected))
+            self.add(
+                Deviation(
+                    Kind.DTYPE, func, self.modules.path(), DISABLED, tuple(t.dtype for t in ins), computed, expected
+                )
+            )
         elif not any(t.is_floating_point() for t in on):
-            self.add(Deviation(Kind.DTYPE, func, self.modules.path(), INTEGER,
-                               tuple(t.dtype for t in ins), computed, expected))
+            self.add(
+                Deviation(
+                    Kind.DTYPE, func, self.modules.path(), INTEGER, tuple(t.dtype for t in ins), computed, expected
+                )
+            )
 
     def _propagate(self, func, ins, outs) -> None:
         # An output keeps the origin of an input of its dtype; lower precision made by a lower
@@ -488,15 +540,17 @@ class Watch:
             return
         floating = [o for o in outs if o.is_floating_point()]
         if floating and not all(map(_finite, floating)) and all(map(_finite, ins)):
-            self.nonfinite_at = Deviation(Kind.NONFINITE, func, self.modules.path(), INF_NAN,
-                                          tuple(t.dtype for t in ins), floating[0].dtype)
+            self.nonfinite_at = Deviation(
+                Kind.NONFINITE, func, self.modules.path(), INF_NAN, tuple(t.dtype for t in ins), floating[0].dtype
+            )
 
     # -- the region
     @contextlib.contextmanager
     def running(self, **mode_kwargs) -> Iterator["Watch"]:
         observer = combine_observers(self.observe, mode_kwargs.pop("observer", None))
-        self.mode = _mode.HpuAutocastMode(self.dtype, policy=self.policy, device_type=self.device_type,
-                                          observer=observer, **mode_kwargs)
+        self.mode = _mode.HpuAutocastMode(
+            self.dtype, policy=self.policy, device_type=self.device_type, observer=observer, **mode_kwargs
+        )
         try:
             with self.modules, _Calls(self), self.mode:
                 yield self
@@ -560,9 +614,11 @@ def _split_modules(modules, dtype: torch.dtype, mode_kwargs: dict):
     if all(is_module):
         return modules, None
     if any(is_module):
-        raise TypeError("hpu_autocast.testing: modules= is either the modules whose paths findings use (a module, or "
-                        "a dict of names to modules) or a module map (patterns to dtypes, presets, policies or None), "
-                        f"not both: got {dict(modules)!r}")
+        raise TypeError(
+            "hpu_autocast.testing: modules= is either the modules whose paths findings use (a module, or "
+            "a dict of names to modules) or a module map (patterns to dtypes, presets, policies or None), "
+            f"not both: got {dict(modules)!r}"
+        )
     mode_kwargs["modules"] = modules
     return None, _module_map.parse_modules(modules, dtype)
 
@@ -574,9 +630,15 @@ def _resolve(policy, dtype, device_type) -> Tuple[Policy, str]:
 
 
 @contextlib.contextmanager
-def watch_policy(dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Policy] = "hpu",
-                 device_type: Optional[str] = None, ignore: Iterable = (), modules=None,
-                 **mode_kwargs) -> Iterator[Watch]:
+def watch_policy(
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    policy: Union[str, Policy] = "hpu",
+    device_type: Optional[str] = None,
+    ignore: Iterable = (),
+    modules=None,
+    **mode_kwargs,
+) -> Iterator[Watch]:
     """Run the body in a region of ``policy`` and collect what departs from its intent, from the
     events alone (no float32 run: writes and inf/nan need ``check_policy``).
 
@@ -586,13 +648,13 @@ def watch_policy(dtype: torch.dtype = torch.bfloat16, *, policy: Union[str, Poli
     """
     p, device = _resolve(policy, dtype, device_type)
     modules, module_map = _split_modules(modules, dtype, mode_kwargs)
-    w = Watch(p, dtype, device, _roots(None, modules) if modules is not None else {}, ignore,
-              module_map=module_map)
+    w = Watch(p, dtype, device, _roots(None, modules) if modules is not None else {}, ignore, module_map=module_map)
     with w.running(**mode_kwargs):
         yield w
 
 
 # --- check_policy: the mode run against a float32 run ---------------------------------------------
+
 
 def _put_back(t: torch.Tensor, saved: torch.Tensor) -> torch.Tensor:
     """Give ``t`` the values of ``saved`` again, in place where it still has their dtype and shape."""
@@ -641,7 +703,9 @@ class _Snapshot:
                     now = m._parameters.get(n) if kind == "parameter" else m._buffers.get(n)
                     if now is None:
                         continue
-                    changed = now.dtype != saved.dtype or now.shape != saved.shape or not torch.equal(now.detach(), saved)
+                    changed = (
+                        now.dtype != saved.dtype or now.shape != saved.shape or not torch.equal(now.detach(), saved)
+                    )
                     out[f"{kind} {prefix}{n}"] = (now.dtype, changed, _finite(now), kind, path)
             for n, (t, _) in params.items():
                 g = m._parameters[n].grad if m._parameters.get(n) is not None else None
@@ -663,8 +727,11 @@ class _Rng:
     def __init__(self, device_type: str) -> None:
         self.cpu = torch.random.get_rng_state()
         mod = getattr(torch, device_type, None) if device_type != "cpu" else None
-        self.dev = mod if mod is not None and hasattr(mod, "get_rng_state") and getattr(
-            mod, "is_initialized", lambda: False)() else None
+        self.dev = (
+            mod
+            if mod is not None and hasattr(mod, "get_rng_state") and getattr(mod, "is_initialized", lambda: False)()
+            else None
+        )
         self.dev_state = self.dev.get_rng_state() if self.dev else None
 
     def restore(self) -> None:
@@ -673,9 +740,17 @@ class _Rng:
             self.dev.set_rng_state(self.dev_state)
 
 
-def check_policy(fn: Callable, *inputs, dtype: torch.dtype = torch.bfloat16, policy: Union[str, Policy] = "hpu",
-                 device_type: Optional[str] = None, reference: bool = True, ignore: Iterable = (),
-                 modules=None, **mode_kwargs) -> Deviations:
+def check_policy(
+    fn: Callable,
+    *inputs,
+    dtype: torch.dtype = torch.bfloat16,
+    policy: Union[str, Policy] = "hpu",
+    device_type: Optional[str] = None,
+    reference: bool = True,
+    ignore: Iterable = (),
+    modules=None,
+    **mode_kwargs,
+) -> Deviations:
     """Run ``fn(*inputs)`` under ``HpuAutocastMode(dtype, policy=policy)`` and return how it
     departed from the policy's intent (``Deviations``, empty when it did not).
 

@@ -68,9 +68,14 @@ def _registered_ops() -> List[OpOverload]:
     return sorted((op for op in _ops.all_overloads("aten") if _ops.is_functional(op)), key=str)
 
 
-def policies(*, presets: Optional[Iterable[str]] = None, ops: Union[None, str, Iterable[OpOverload]] = None,
-             max_changes: int = 6, dtype: Optional[torch.dtype] = None,
-             device: Optional[Union[str, torch.device]] = None) -> st.SearchStrategy[Policy]:
+def policies(
+    *,
+    presets: Optional[Iterable[str]] = None,
+    ops: Union[None, str, Iterable[OpOverload]] = None,
+    max_changes: int = 6,
+    dtype: Optional[torch.dtype] = None,
+    device: Optional[Union[str, torch.device]] = None,
+) -> st.SearchStrategy[Policy]:
     """Valid policies: a preset (or an empty table) with up to ``max_changes`` ops moved to
     another list (lower, fp32, promote) or taken off.
 
@@ -109,10 +114,13 @@ def policies(*, presets: Optional[Iterable[str]] = None, ops: Union[None, str, I
                 table[op] = action
         moved = ",".join(f"{op}={a or 'off'}" for op, a in sorted(changes.items(), key=lambda kv: str(kv[0])))
         return dataclasses.replace(
-            base, name=f"{base.name}+{{{moved}}}" if changes else base.name, table=table,
+            base,
+            name=f"{base.name}+{{{moved}}}" if changes else base.name,
+            table=table,
             fp8=draw(recipes()) if is_fp8(dtype) else base.fp8,
             input_only=frozenset(op for op in base.input_only if op in table),
-            banned={op: m for op, m in base.banned.items() if op in table})
+            banned={op: m for op, m in base.banned.items() if op in table},
+        )
 
     return draw_policy()
 
@@ -120,9 +128,13 @@ def policies(*, presets: Optional[Iterable[str]] = None, ops: Union[None, str, I
 def recipes() -> st.SearchStrategy:
     """fp8 scaling recipes (``Policy.fp8``): ``Tensorwise()``, a ``Delayed`` of drawn history
     length (1..8), margin (0..2) and amax computation, or a ``Rowwise`` of drawn weight gradient."""
-    return st.one_of(st.just(Tensorwise()), st.builds(Delayed, history=st.integers(1, 8), margin=st.integers(0, 2),
-                                                      amax_compute=st.sampled_from(AMAX_COMPUTE)),
-                     st.builds(Rowwise, weight_grad=st.sampled_from(WEIGHT_GRAD)))
+    return st.one_of(
+        st.just(Tensorwise()),
+        st.builds(
+            Delayed, history=st.integers(1, 8), margin=st.integers(0, 2), amax_compute=st.sampled_from(AMAX_COMPUTE)
+        ),
+        st.builds(Rowwise, weight_grad=st.sampled_from(WEIGHT_GRAD)),
+    )
 
 
 # --- module maps ---------------------------------------------------------------------------------
@@ -131,8 +143,14 @@ def recipes() -> st.SearchStrategy:
 MAP_VALUES = (torch.float32, "fp32", None, "off", torch.bfloat16, torch.float16)
 
 
-def module_maps(model: torch.nn.Module, *, values: Sequence[object] = MAP_VALUES, presets: Iterable[str] = (),
-                max_entries: int = 4, globs: bool = True) -> st.SearchStrategy[Dict[str, object]]:
+def module_maps(
+    model: torch.nn.Module,
+    *,
+    values: Sequence[object] = MAP_VALUES,
+    presets: Iterable[str] = (),
+    max_entries: int = 4,
+    globs: bool = True,
+) -> st.SearchStrategy[Dict[str, object]]:
     """``modules=`` maps over ``model``'s module names (``""`` the model itself): up to
     ``max_entries`` entries, each an exact name or, with ``globs``, a glob made from one (its last
     part replaced by ``*``, or ``*`` before it), mapped to one of ``values`` or ``presets``
@@ -160,9 +178,15 @@ def shapes(min_dims: int = 0, max_dims: int = 3, max_side: int = 4) -> st.Search
     return st.lists(st.integers(1, max_side), min_size=min_dims, max_size=max_dims).map(tuple)
 
 
-def eligible_tensors(shape=None, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPES,
-                     device: Optional[Union[str, torch.device]] = None, min_dims: int = 0,
-                     max_dims: int = 3, max_side: int = 4) -> st.SearchStrategy[torch.Tensor]:
+def eligible_tensors(
+    shape=None,
+    *,
+    dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPES,
+    device: Optional[Union[str, torch.device]] = None,
+    min_dims: int = 0,
+    max_dims: int = 3,
+    max_side: int = 4,
+) -> st.SearchStrategy[torch.Tensor]:
     """Tensors autocast may cast: floating, not float64, on ``device``.
 
     ``shape``: a fixed shape, a strategy of shapes, or ``None`` for ``min_dims``..``max_dims``
@@ -235,7 +259,7 @@ def _smallest(strategy):
 def _broadcast(draw, base: tuple) -> tuple:
     # A suffix of ``base`` with some dimensions set to 1: broadcasts against it.
     other = tuple(d if draw(st.booleans()) else 1 for d in base)
-    return other[draw(st.integers(0, len(other))):]
+    return other[draw(st.integers(0, len(other))) :]
 
 
 def _scalar_for(arg, draw, ndim: int):
@@ -270,9 +294,15 @@ class _NoRule(Exception):
     pass
 
 
-def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPES, mixed: bool = False,
-               device: Optional[Union[str, torch.device]] = None, max_side: int = 4,
-               check: bool = True) -> st.SearchStrategy[tuple]:
+def inputs_for(
+    op: OpOverload,
+    *,
+    dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPES,
+    mixed: bool = False,
+    device: Optional[Union[str, torch.device]] = None,
+    max_side: int = 4,
+    check: bool = True,
+) -> st.SearchStrategy[tuple]:
     """``(args, kwargs)`` that ``op`` accepts: shapes from the op's family (GEMMs, convolutions,
     norms, attention, embedding, losses) or, for other ops, one shape its tensors broadcast
     against; required numbers and dims drawn to fit; optional arguments left at their defaults.
@@ -316,8 +346,7 @@ def inputs_for(op: OpOverload, *, dtypes: Sequence[torch.dtype] = ELIGIBLE_DTYPE
     return draw_inputs()
 
 
-def _value(a, family: dict, base: tuple, call_dtype: torch.dtype, draw, dtypes: list, mixed: bool, dev,
-           first_tensor):
+def _value(a, family: dict, base: tuple, call_dtype: torch.dtype, draw, dtypes: list, mixed: bool, dev, first_tensor):
     """One argument's value for ``inputs_for``: a tensor of its family's shape (or the base
     shape, or one broadcasting against it), a list of two, or a number or dim that fits."""
     t = _kind(a)
@@ -362,6 +391,7 @@ def _required(op: OpOverload, arguments: list, name: str, max_side: int) -> Tupl
 def _accepted(op: OpOverload, args: tuple, kwargs: dict, mixed: bool) -> bool:
     """Whether ``op`` runs on these inputs, outside any region (with ``mixed``, floating tensors
     as float32: the shapes and the other dtypes decide)."""
+
     def prepare(x):
         if isinstance(x, torch.Tensor):
             return x.float() if mixed and x.is_floating_point() else x
@@ -378,8 +408,15 @@ def _accepted(op: OpOverload, args: tuple, kwargs: dict, mixed: bool) -> bool:
 
 
 # --- model inputs --------------------------------------------------------------------------------
-def model_inputs(example, *, batch: tuple = (1, 8), seq: Optional[tuple] = (1, 64), batch_dim: int = 0,
-                 seq_dim: int = 1, device: Optional[Union[str, torch.device]] = None):
+def model_inputs(
+    example,
+    *,
+    batch: tuple = (1, 8),
+    seq: Optional[tuple] = (1, 64),
+    batch_dim: int = 0,
+    seq_dim: int = 1,
+    device: Optional[Union[str, torch.device]] = None,
+):
     """Inputs shaped like ``example`` (a tensor, or a tuple, list or dict of them), with one batch
     size from ``batch`` and one sequence length from ``seq`` (inclusive ranges) for all of them.
 

@@ -33,6 +33,7 @@ GAUDI_DTYPES = (torch.bfloat16, torch.float16)
 #: native autocast (which has no fp8) do not; a ``Policy`` of one's own may (``dtypes``).
 FP8_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
+
 def _less(names: List[str], others: List[str]) -> List[str]:
     """``names`` without ``others``: a document's float32 list less the ops torch registers with
     another float32 cast policy (each op is on one list)."""
@@ -43,27 +44,41 @@ def _less(names: List[str], others: List[str]) -> List[str]:
 #: names a torch build lacks are recorded in ``Policy.missing`` rather than refused.
 PRESETS: Dict[str, Mapping[str, Any]] = {
     "hpu": dict(
-        lower=gaudi_autocast.LOWER, fp32=gaudi_autocast.FP32, promote=gaudi_autocast.PROMOTE,
-        input_only=gaudi_autocast.INPUT_ONLY, dtypes=FP8_DTYPES, tolerate_missing=True,
+        lower=gaudi_autocast.LOWER,
+        fp32=gaudi_autocast.FP32,
+        promote=gaudi_autocast.PROMOTE,
+        input_only=gaudi_autocast.INPUT_ONLY,
+        dtypes=FP8_DTYPES,
+        tolerate_missing=True,
         # What Gaudi's bridge does with its lists: C++ names of functional ops only, so the
         # document's iadd and truediv do nothing (gaudi's Note: what Gaudi's bridge applies).
-        c_names_only=True, warn_ignored=False,
+        c_names_only=True,
+        warn_ignored=False,
         # The bridge's Hpu_WrapFunction_ (hpu_ops/autocast_helpers.h) casts every eligible tensor
         # of a listed op whatever its other arguments: softmax(x, dtype=float32) reads x in bfloat16.
         explicit_dtype="cast",
     ),
     "hmp": dict(
-        lower=gaudi_hmp.BF16, fp32=gaudi_hmp.FP32, promote=gaudi_hmp.PROMOTE, input_only=gaudi_hmp.INPUT_ONLY,
-        dtypes=GAUDI_DTYPES, tolerate_missing=True,
+        lower=gaudi_hmp.BF16,
+        fp32=gaudi_hmp.FP32,
+        promote=gaudi_hmp.PROMOTE,
+        input_only=gaudi_hmp.INPUT_ONLY,
+        dtypes=GAUDI_DTYPES,
+        tolerate_missing=True,
         unlisted=CastPolicy.FIRST,  # "Any OPs not in the above two lists will run with precision type of its 1st input"
         inplace=CastPolicy.FIRST,  # "For in-place OPs ... cast all inputs to precision type of 1st input"
     ),
     "hmp-O2": dict(
-        lower=gaudi_hmp.O2_BF16, dtypes=GAUDI_DTYPES,
+        lower=gaudi_hmp.O2_BF16,
+        dtypes=GAUDI_DTYPES,
         unlisted=CastPolicy.FP32,  # GEMMs and convolutions in bfloat16, everything else float32
     ),
     "xpu": dict(
-        lower=xpu_amp.LOWER, fp32=xpu_amp.FP32, promote=xpu_amp.PROMOTE, device_type="xpu", tolerate_missing=True,
+        lower=xpu_amp.LOWER,
+        fp32=xpu_amp.FP32,
+        promote=xpu_amp.PROMOTE,
+        device_type="xpu",
+        tolerate_missing=True,
         # The XPU kernels (IPEX's csrc/gpu/aten/amp/autocast_mode.cpp, and torch's AutocastXPU
         # in ATen/autocast_mode.cpp since) are ATen's WrapFunction<CastPolicy, DeviceType::XPU>:
         # they cast every eligible tensor whatever dtype= says, as the CPU and CUDA ones do; the
@@ -71,18 +86,26 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
         explicit_dtype="cast",
     ),
     "torch-cpu": dict(
-        lower=torch_amp_cpu.LOWER, fp32=torch_amp_cpu.FP32, promote=torch_amp_cpu.PROMOTE, device_type="cpu",
+        lower=torch_amp_cpu.LOWER,
+        fp32=torch_amp_cpu.FP32,
+        promote=torch_amp_cpu.PROMOTE,
+        device_type="cpu",
         tolerate_missing=True,
         registered="AutocastCPU",  # exactly the overloads torch.autocast("cpu") casts
         explicit_dtype="cast",  # ATen's fp32 kernel (prod) casts whatever dtype= the call passes
     ),
     "torch-cuda": dict(
         lower=torch_amp_cuda.LOWER + torch_amp_cuda.REGISTERED_LOWER,
-        fp32=_less(torch_amp_cuda.FP32 + torch_amp_cuda.REGISTERED_FP32,
-                   torch_amp_cuda.FP32_SET_OPT_DTYPE + torch_amp_cuda.FP32_APPEND_DTYPE),
-        fp32_set_opt_dtype=torch_amp_cuda.FP32_SET_OPT_DTYPE, fp32_append_dtype=torch_amp_cuda.FP32_APPEND_DTYPE,
+        fp32=_less(
+            torch_amp_cuda.FP32 + torch_amp_cuda.REGISTERED_FP32,
+            torch_amp_cuda.FP32_SET_OPT_DTYPE + torch_amp_cuda.FP32_APPEND_DTYPE,
+        ),
+        fp32_set_opt_dtype=torch_amp_cuda.FP32_SET_OPT_DTYPE,
+        fp32_append_dtype=torch_amp_cuda.FP32_APPEND_DTYPE,
         promote=torch_amp_cuda.PROMOTE + torch_amp_cuda.REGISTERED_PROMOTE,
-        banned=torch_amp_cuda.BANNED, device_type="cuda", tolerate_missing=True,
+        banned=torch_amp_cuda.BANNED,
+        device_type="cuda",
+        tolerate_missing=True,
         registered="AutocastCUDA",  # exactly the overloads torch.autocast("cuda") casts
         explicit_dtype="cast",  # as ATen's kernels (its dtype-taking ops are fp32_set_opt_dtype)
     ),
@@ -92,4 +115,3 @@ PRESETS: Dict[str, Mapping[str, Any]] = {
 def preset_names() -> List[str]:
     """The names ``get_preset`` and ``HpuAutocastMode(policy=...)`` accept, sorted."""
     return sorted(PRESETS)
-
