@@ -154,7 +154,7 @@ def _hold(entered: Entered, k: _dispatch.Keys) -> None:
     entered.cache_was = _cache_on()
     if switch.ops == 1:  # the first region open in this thread
         _thread.cache_was = entered.cache_was  # torch's flag before
-        _thread.aot_cache = _torch.autograd_cache_off()  # Note [AOTAutograd's cache and a region]
+        _thread.aot_cache = _compile_guard.autograd_cache_off()  # Note [AOTAutograd's cache and a region]
     if region.compiled is not None:
         # As torch.autocast's entry: torch's cache flag says what this region caches (the kernels
         # read the flag, so a nested torch.autocast(cache_enabled=...) is obeyed too).

@@ -110,7 +110,6 @@ C++ name                                          use
 
 from __future__ import annotations
 
-import contextvars
 import ctypes
 import functools
 import operator
@@ -273,62 +272,6 @@ def scaled_mm_runs_on(device_type: str) -> bool:
     dispatcher once per device type: an fp8 region's router asks it at every GEMM."""
     key = _SCALED_MM_BACKENDS.get(device_type)
     return HAS_SCALED_MM and (key is None or _C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm", key))
-
-
-# [Note: AOTAutograd's cache and a region]
-# AOTAutograd's cache (``torch._functorch.config.enable_autograd_cache``, torch >= 2.5, on by
-# default for inductor; in memory and on disk) keys a compiled graph by Dynamo's graph, the grad
-# mode and torch's autocast state as ``torch.is_autocast_enabled`` / ``get_autocast_dtype``
-# answer. A region's casts enter the graph only when AOT traces it (the kernels run on fake
-# tensors), so two regions that answer alike (two bfloat16 policies; a bfloat16 and an fp8 region)
-# shared one key: a step compiled under one policy was served under the other, the casts of the
-# first (measured: ``mm`` unlisted by ``edit`` still ran in bfloat16, in one process and, through
-# the disk cache, in the next). While a thread has a region open, the cache is off for it; the
-# graph inductor generates from the traced graph, casts in it, is still cached (inductor's own
-# FX graph cache keys the traced graph). Where config writes are per context (torch 2.13, 2.14:
-# each entry's ``user_override`` a ContextVar) the thread's first region turns it off and its last
-# puts back exactly what was there (the unset marker included); where they are process-wide,
-# the first region open in the process turns it off and the last puts it back.
-_AOT_CACHE = "enable_autograd_cache"
-_aot_lock = threading.Lock()
-_aot_held = 0
-_aot_prior: object = None
-
-
-def autograd_cache_off() -> Optional[Callable[[], None]]:
-    """Turn AOTAutograd's cache off for the calling thread's regions (Note: AOTAutograd's cache
-    and a region); returns what puts it back (``None``: this torch has no such cache)."""
-    try:
-        from torch._functorch import config  # 2 ms, once; imports no Dynamo
-    except ImportError:
-        return None
-    if not hasattr(config, _AOT_CACHE):
-        return None
-    entry = getattr(config, "_config", {}).get(_AOT_CACHE)
-    override = getattr(entry, "user_override", None)
-    if isinstance(override, contextvars.ContextVar):
-        prior = override.get()
-        setattr(config, _AOT_CACHE, False)  # torch's own write: it marks the config's hash stale
-        return lambda: setattr(config, _AOT_CACHE, prior)
-    return _aot_cache_off_in_process(config)
-
-
-def _aot_cache_off_in_process(config) -> Callable[[], None]:
-    global _aot_held, _aot_prior
-    with _aot_lock:
-        if _aot_held == 0:
-            _aot_prior = getattr(config, _AOT_CACHE)
-            setattr(config, _AOT_CACHE, False)
-        _aot_held += 1
-
-    def restore() -> None:
-        global _aot_held
-        with _aot_lock:
-            _aot_held -= 1
-            if _aot_held == 0:
-                setattr(config, _AOT_CACHE, _aot_prior)
-
-    return restore
 
 
 _GRAPH_TASK_ID = getattr(_C, "_current_graph_task_id", None)

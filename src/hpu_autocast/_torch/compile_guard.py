@@ -33,18 +33,24 @@ suite on 2.13.0); "fallback" is what a torch without it gets:
   regions run compiled code eagerly; missing: compiled code runs as compiled.
 * the ``_dynamo_marked_constant`` attribute ``torch._dynamo.assume_constant_result`` sets
   (``assume_constant``), set without importing Dynamo; ignored where Dynamo reads it not.
+* ``torch._functorch.config.enable_autograd_cache`` (torch >= 2.5) and its ConfigModule entry
+  (``_config[...].user_override``, a ContextVar on 2.13 and 2.14; ``_hash_dirty_var``,
+  ``_mark_get_dict_dirty``): AOTAutograd's cache off in a region's thread
+  (``autograd_cache_off``; its Note); missing: no cache to turn off, or a process-wide write.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import sys
 import threading
 import warnings
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
-__all__ = ["tracing", "install", "observing_opened", "observing_closed", "assume_constant"]
+__all__ = ["tracing", "install", "observing_opened", "observing_closed", "assume_constant", "autograd_cache_off"]
 
 _PACKAGE = "hpu_autocast"
 
@@ -259,3 +265,87 @@ def assume_constant(fn: Callable) -> Callable:
     the answer comes from (which breaks the graph)."""
     fn._dynamo_marked_constant = True
     return fn
+
+
+# [Note: AOTAutograd's cache and a region]
+# AOTAutograd's cache (``torch._functorch.config.enable_autograd_cache``, torch >= 2.5, on by
+# default for inductor; in memory and on disk) keys a compiled graph by Dynamo's graph, the grad
+# mode and torch's autocast state as ``torch.is_autocast_enabled`` / ``get_autocast_dtype``
+# answer. A region's casts enter the graph only when AOT traces it (the kernels run on fake
+# tensors), so two regions that answer alike (two bfloat16 policies; a bfloat16 and an fp8 region)
+# shared one key: a step compiled under one policy was served under the other, the casts of the
+# first (measured: ``mm`` unlisted by ``edit`` still ran in bfloat16, in one process and, through
+# the disk cache, in the next). While a thread has a region open, the cache is off for it; the
+# graph inductor generates from the traced graph, casts in it, is still cached (inductor's own
+# FX graph cache keys the traced graph). Where config writes are per context (torch 2.13, 2.14:
+# each entry's ``user_override`` a ContextVar) the thread's first region turns it off and its last
+# puts back exactly what was there (the unset marker included); where they are process-wide,
+# the first region open in the process turns it off and the last puts it back.
+_AOT_CACHE = "enable_autograd_cache"
+_aot_lock = threading.Lock()
+_aot_held = 0
+_aot_prior: object = None
+
+
+def autograd_cache_off() -> Optional[Callable[[], None]]:
+    """Turn AOTAutograd's cache off for the calling thread's regions (Note: AOTAutograd's cache
+    and a region); returns what puts it back (``None``: nothing to put back)."""
+    switch = _aot_switch()
+    if switch is None:
+        return None
+    if switch.__class__ is tuple:  # per context: the entry's ContextVar, set and put back
+        override, stale = switch
+        prior = override.get()
+        if prior is False:  # off here already (a user's, or an enclosing context's)
+            return None
+        override.set(False)
+        stale()
+
+        def restore() -> None:
+            override.set(prior)  # the unset marker too: the config reads as before
+            stale()
+
+        return restore
+    return _aot_cache_off_in_process(switch)
+
+
+@functools.lru_cache(maxsize=None)
+def _aot_switch():
+    """How this torch keeps ``enable_autograd_cache``, asked once: ``None`` (no such cache), the
+    config module (process-wide writes), or ``(ContextVar, stale)`` where writes are per context
+    (``stale`` marks the config's cached hash and dict as torch's own ``__setattr__`` does)."""
+    try:
+        from torch._functorch import config  # 2 ms, once; imports no Dynamo
+    except ImportError:
+        return None
+    if not hasattr(config, _AOT_CACHE):
+        return None
+    override = getattr(getattr(config, "_config", {}).get(_AOT_CACHE), "user_override", None)
+    hash_dirty = getattr(config, "_hash_dirty_var", None)
+    dict_dirty = getattr(config, "_mark_get_dict_dirty", None)
+    if isinstance(override, contextvars.ContextVar) and hash_dirty is not None and dict_dirty is not None:
+
+        def stale() -> None:
+            hash_dirty.set(True)
+            dict_dirty(_AOT_CACHE)
+
+        return override, stale
+    return config
+
+
+def _aot_cache_off_in_process(config) -> Callable[[], None]:
+    global _aot_held, _aot_prior
+    with _aot_lock:
+        if _aot_held == 0:
+            _aot_prior = getattr(config, _AOT_CACHE)
+            setattr(config, _AOT_CACHE, False)
+        _aot_held += 1
+
+    def restore() -> None:
+        global _aot_held
+        with _aot_lock:
+            _aot_held -= 1
+            if _aot_held == 0:
+                setattr(config, _AOT_CACHE, _aot_prior)
+
+    return restore
