@@ -57,6 +57,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 from torch.nn.modules import module as _nn_module
 
+from . import _torch
 from ._engine import regions as _regions
 from ._engine import torch_autocast as _torch_autocast
 from .policies.builder import as_policy
@@ -539,9 +540,6 @@ def _weakrefable(obj) -> bool:
 
 
 _ACTIVE: ContextVar[Optional[_Active]] = ContextVar("hpu_autocast_module_map", default=None)
-_lock = threading.Lock()
-_open = 0
-_handles: list = []
 
 
 _get_ident = threading.get_ident
@@ -570,27 +568,25 @@ def _post_hook(module, args, output):
     return None
 
 
-def _acquire() -> None:
-    global _open
-    with _lock:
-        if _open == 0:
-            _handles.append(_nn_module.register_module_forward_pre_hook(_pre_hook))
-            _handles.append(_nn_module.register_module_forward_hook(_post_hook, always_call=True))
-        _open += 1
+def _register_hooks() -> tuple:
+    return (
+        _nn_module.register_module_forward_pre_hook(_pre_hook),
+        _nn_module.register_module_forward_hook(_post_hook, always_call=True),
+    )
 
 
-def _release() -> None:
-    global _open
-    with _lock:
-        _open -= 1
-        if _open == 0:
-            while _handles:
-                _handles.pop().remove()
+def _remove_hooks(handles: tuple) -> None:
+    for handle in reversed(handles):
+        handle.remove()
+
+
+#: The two global hooks, registered while any region with a map is open in the process.
+_hooks = _torch.Held(_register_hooks, _remove_hooks)
 
 
 def activate(active: _Active):
     """Put ``active`` in force in the calling context; returns the token for ``deactivate``."""
-    _acquire()
+    _hooks.acquire()
     return _ACTIVE.set(active), _regions.TAG.set(active.map.key)
 
 
@@ -602,7 +598,7 @@ def deactivate(tokens) -> None:
     except ValueError:  # exited in another context than it was entered in
         _regions.TAG.set("")
         _ACTIVE.set(None)
-    _release()
+    _hooks.release()
 
 
 def current_module() -> Optional[str]:

@@ -174,6 +174,7 @@ __all__ = [
     "increment_autocast_nesting",
     "decrement_autocast_nesting",
     "clear_native_autocast_cache",
+    "Held",
     "wrap_autograd",
     "unwrap_autograd",
     "scaled_mm",
@@ -421,32 +422,57 @@ def tls_stashed() -> object:
     return _stashed(_STASH_KEY)
 
 
+# -- something process-wide, installed by its first holder and removed by its last -------------
+class Held:
+    """What several holders share process-wide (hooks, wrapped functions, a config value): the
+    first ``acquire`` installs it (``install(*args)``, whose result is kept), the matching last
+    ``release`` removes it (``remove(kept)``); counted under a lock, so threads may hold it at once."""
+
+    def __init__(self, install: Callable[..., object], remove: Callable[[object], None]) -> None:
+        self._install, self._remove = install, remove
+        self._lock = threading.Lock()
+        self.holders = 0
+        self._kept: object = None
+
+    def acquire(self, *args) -> None:
+        with self._lock:
+            if self.holders == 0:
+                self._kept = self._install(*args)
+            self.holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self.holders -= 1
+            if self.holders == 0:
+                kept, self._kept = self._kept, None
+                self._remove(kept)
+
+
 # -- torch.autograd's entry points, wrapped while ``hmp.convert`` holds them ----------------------
 _AUTOGRAD_ENTRIES = ("backward", "grad")
-_autograd_lock = threading.Lock()
-_autograd_users = 0
-_autograd_originals: dict = {}
+
+
+def _wrap_entries(wrap: Callable[[Callable], Callable]) -> dict:
+    originals = {name: getattr(torch.autograd, name) for name in _AUTOGRAD_ENTRIES}
+    for name, fn in originals.items():
+        setattr(torch.autograd, name, wrap(fn))
+    return originals
+
+
+def _restore_entries(originals: dict) -> None:
+    for name, fn in originals.items():
+        setattr(torch.autograd, name, fn)
+
+
+_autograd = Held(_wrap_entries, _restore_entries)
 
 
 def wrap_autograd(wrap: Callable[[Callable], Callable]) -> None:
     """Replace ``torch.autograd.backward`` and ``grad`` by ``wrap(fn)`` of each, counted: the
     first call wraps them, the matching last ``unwrap_autograd`` puts torch's back."""
-    global _autograd_users
-    with _autograd_lock:
-        if _autograd_users == 0:
-            for name in _AUTOGRAD_ENTRIES:
-                fn = getattr(torch.autograd, name)
-                _autograd_originals[name] = fn
-                setattr(torch.autograd, name, wrap(fn))
-        _autograd_users += 1
+    _autograd.acquire(wrap)
 
 
 def unwrap_autograd() -> None:
     """``wrap_autograd``'s counterpart: the last holder's call restores torch's functions."""
-    global _autograd_users
-    with _autograd_lock:
-        _autograd_users -= 1
-        if _autograd_users == 0:
-            for name, fn in _autograd_originals.items():
-                setattr(torch.autograd, name, fn)
-            _autograd_originals.clear()
+    _autograd.release()

@@ -50,6 +50,8 @@ from typing import Callable, Optional
 
 import torch
 
+from . import Held as _Held
+
 __all__ = ["tracing", "install", "observing_opened", "observing_closed", "assume_constant", "autograd_cache_off"]
 
 _PACKAGE = "hpu_autocast"
@@ -282,9 +284,6 @@ def assume_constant(fn: Callable) -> Callable:
 # puts back exactly what was there (the unset marker included); where they are process-wide,
 # the first region open in the process turns it off and the last puts it back.
 _AOT_CACHE = "enable_autograd_cache"
-_aot_lock = threading.Lock()
-_aot_held = 0
-_aot_prior: object = None
 
 
 def autograd_cache_off() -> Optional[Callable[[], None]]:
@@ -306,13 +305,15 @@ def autograd_cache_off() -> Optional[Callable[[], None]]:
             stale()
 
         return restore
-    return _aot_cache_off_in_process(switch)
+    switch.acquire()
+    return switch.release
 
 
 @functools.lru_cache(maxsize=None)
 def _aot_switch():
-    """How this torch keeps ``enable_autograd_cache``, asked once: ``None`` (no such cache), the
-    config module (process-wide writes), or ``(ContextVar, stale)`` where writes are per context
+    """How this torch keeps ``enable_autograd_cache``, asked once: ``None`` (no such cache), a
+    ``Held`` write of it (process-wide writes: the first region open in the process turns it off,
+    the last puts it back), or ``(ContextVar, stale)`` where writes are per context
     (``stale`` marks the config's cached hash and dict as torch's own ``__setattr__`` does)."""
     try:
         from torch._functorch import config  # 2 ms, once; imports no Dynamo
@@ -330,22 +331,11 @@ def _aot_switch():
             dict_dirty(_AOT_CACHE)
 
         return override, stale
-    return config
+    return _Held(lambda: _set_aot_cache(config, False), lambda prior: _set_aot_cache(config, prior))
 
 
-def _aot_cache_off_in_process(config) -> Callable[[], None]:
-    global _aot_held, _aot_prior
-    with _aot_lock:
-        if _aot_held == 0:
-            _aot_prior = getattr(config, _AOT_CACHE)
-            setattr(config, _AOT_CACHE, False)
-        _aot_held += 1
-
-    def restore() -> None:
-        global _aot_held
-        with _aot_lock:
-            _aot_held -= 1
-            if _aot_held == 0:
-                setattr(config, _AOT_CACHE, _aot_prior)
-
-    return restore
+def _set_aot_cache(config, value: object) -> object:
+    """Write ``enable_autograd_cache`` process-wide; returns what it was."""
+    prior = getattr(config, _AOT_CACHE)
+    setattr(config, _AOT_CACHE, value)
+    return prior
