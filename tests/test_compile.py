@@ -158,6 +158,26 @@ def test_autocast_guards_and_opt_outs_inside_compiled_code():
     assert torch.equal(compiled(a, b)[0], torch.mm(a, b))  # outside: scale 1, float32
 
 
+def test_a_rule_map_dynamo_rebuilt_is_settled_again():
+    # torch.distributed.init_process_group clears Dynamo's trace-rule caches: the rule map built
+    # again lacked the region's torch.is_autocast_enabled, a function of a package Dynamo skips,
+    # and a fullgraph compile that asks it in a region was refused (after the FSDP2 tests).
+    from torch._dynamo import trace_rules
+
+    with HpuAutocastMode(policy="torch-cpu"):
+        pass  # the tables settled
+    trace_rules.clear_lru_cache()
+
+    def f(a):
+        return torch.mm(a, a) * (2.0 if torch.is_autocast_enabled("cpu") else 1.0)
+
+    a = torch.randn(4, 4)
+    with HpuAutocastMode(policy="torch-cpu"):
+        out = torch.compile(f, backend="aot_eager", fullgraph=True)(a)
+        eager = f(a)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, eager)
+
+
 def test_a_compiled_function_that_enters_a_region_itself():
     model, x = _model(), torch.randn(4, 8)
 

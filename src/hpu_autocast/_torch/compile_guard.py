@@ -125,31 +125,44 @@ def settle_torch_rules(pairs: Callable[[], list]) -> None:
     then holds ours and one built outside holds torch's; a getter in one table and not in the
     other goes into the graph as a torch op that returns no tensor, and the compile fails. This
     adds entries for our functions (and torch's, where a table was built inside a region); it
-    changes no rule of torch's. Called when the first region opens and when the last closes,
-    until Dynamo is loaded and both its tables are settled."""
-    global _rules_settled
-    if _rules_settled or "torch._dynamo" not in sys.modules:
+    changes no rule of torch's. Called when the first region opens and when the last closes;
+    it settles again whenever Dynamo has rebuilt its rule map since (``trace_rules.
+    clear_lru_cache``, which ``torch.distributed.init_process_group`` calls: a table rebuilt
+    without our getters made a compiled ``torch.is_autocast_enabled`` in a region a call to a
+    skipped function, refused under ``fullgraph``)."""
+    global _rule_tables, _settled_map
+    if _rule_tables is None:
+        if "torch._dynamo" not in sys.modules:
+            return
+        try:
+            from torch._dynamo.trace_rules import get_torch_obj_rule_map
+            from torch._dynamo.variables import torch as torch_variables
+        except ImportError:  # pragma: no cover - a torch without these tables has nothing to disagree
+            _rule_tables = ()
+            return
+        folds = [
+            getattr(torch_variables, n, None)
+            for n in ("constant_fold_functions", "constant_fold_functions_need_guards")
+        ]
+        _rule_tables = (get_torch_obj_rule_map, [t for t in folds if isinstance(t, dict)])
+    if not _rule_tables:
         return
-    try:
-        from torch._dynamo.trace_rules import get_torch_obj_rule_map
-        from torch._dynamo.variables import torch as torch_variables
-    except ImportError:  # pragma: no cover - a torch without these tables has nothing to disagree
-        _rules_settled = True
+    rule_map_of, folds = _rule_tables
+    rule_map = rule_map_of()
+    if rule_map is _settled_map:
         return
-    tables = [get_torch_obj_rule_map()]
-    for name in ("constant_fold_functions", "constant_fold_functions_need_guards"):
-        table = getattr(torch_variables, name, None)
-        if isinstance(table, dict):
-            tables.append(table)
-    for table in tables:
+    for table in (rule_map, *folds):
         for theirs, ours in pairs():
             for known, other in ((theirs, ours), (ours, theirs)):
                 if known in table and other not in table:
                     table[other] = table[known]
-    _rules_settled = True
+    _settled_map = rule_map
 
 
-_rules_settled = False
+#: Dynamo's rule map getter and its constant-fold tables, once Dynamo is loaded (``()``: none).
+_rule_tables: Optional[tuple] = None
+#: The rule map last settled (Dynamo builds a new one when it clears its caches).
+_settled_map: object = None
 
 
 def install() -> None:
