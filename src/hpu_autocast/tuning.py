@@ -62,7 +62,7 @@ import math
 import os
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -804,8 +804,9 @@ def tune(
 
     if calls is not None:
         return _tune_modules(runner, start, start_error, _module_units(calls, dtype), tolerance, say)
-    units = _units(recorder.report(), dtype)
-    begin, begin_error, bf16_gemms = _fp8_stage(runner, start, recorder.report(), tolerance, start_error, say)
+    report = recorder.report()
+    units = _units(report, dtype)
+    begin, begin_error, bf16_gemms = _fp8_stage(runner, start, report, tolerance, start_error, say)
     lists = _Lists(begin)
 
     def error(moved: Moved) -> float:
@@ -814,21 +815,7 @@ def tune(
     search = _Search(units, error, tolerance, lambda: max_runs - runner.runs, say)
     moved = search.run(begin_error)
     names = sorted(moved, key=[u.name for u in units].index)
-    rows = tuple(
-        TuneRow(
-            u.name,
-            u.ran_as,
-            u.calls,
-            u.flops,
-            search.alone_moved.get(u.name),
-            search.alone_lower.get(u.name),
-            u.name in moved,
-            _why(search, u, moved, low),
-        )
-        for u in units
-    )
-    total = sum(u.flops or 0 for u in units)
-    kept = sum(u.flops or 0 for u in units if u.name not in moved)
+    rows, flops = _rows(units, search, moved, lambda u: _why(search, u, moved, low))
     lower, fp32 = lists.names(moved)
     return TuneResult(
         policy=lists.policy(moved),
@@ -844,9 +831,30 @@ def tune(
         runs=runner.runs,
         max_runs=max_runs,
         exhausted=search.exhausted,
-        flops=(kept, total),
+        flops=flops,
         bf16_gemms=bf16_gemms,
     )
+
+
+def _rows(units: Sequence[_Unit], search: _Search, moved: Collection[str], why: Callable[[_Unit], str]):
+    """The result's table, a ``TuneRow`` per unit (``moved``: the units that ended out of lower
+    precision; ``why``: each row's reason), and its FLOPs ``(kept in lower precision, total)``."""
+    rows = tuple(
+        TuneRow(
+            u.name,
+            u.ran_as,
+            u.calls,
+            u.flops,
+            search.alone_moved.get(u.name),
+            search.alone_lower.get(u.name),
+            u.name in moved,
+            why(u),
+        )
+        for u in units
+    )
+    total = sum(u.flops or 0 for u in units)
+    kept = sum(u.flops or 0 for u in units if u.name not in moved)
+    return rows, (kept, total)
 
 
 def _tune_modules(
@@ -891,21 +899,7 @@ def _tune_modules(
         holder = next((m for m in names if m != u.name and _inside(u.name, m)), None)
         return _why(search, u, moved, low) if holder is None else f"inside {holder or '(root)'}"
 
-    rows = tuple(
-        TuneRow(
-            u.name,
-            u.ran_as,
-            u.calls,
-            u.flops,
-            search.alone_moved.get(u.name),
-            search.alone_lower.get(u.name),
-            u.name in went,
-            why(u),
-        )
-        for u in units
-    )
-    total = sum(u.flops or 0 for u in units)
-    kept = sum(u.flops or 0 for u in units if u.name not in went)
+    rows, flops = _rows(units, search, went, why)
     lower, fp32 = _Lists(start).names(frozenset())
     return TuneResult(
         policy=start,
@@ -921,7 +915,7 @@ def _tune_modules(
         runs=runner.runs,
         max_runs=runner.max_runs,
         exhausted=search.exhausted,
-        flops=(kept, total),
+        flops=flops,
         modules=maps(moved),
     )
 
