@@ -1,7 +1,6 @@
 """Rowwise fp8 recipes (issue 38, item 4) against torchao's "rowwise" and "rowwise_with_gw_hp",
 and the CPU emulation's faster steps (item 5) against the plain torch ops they replace."""
 
-import copy
 import dataclasses
 
 import pytest
@@ -11,6 +10,8 @@ from hpu_autocast import HpuAutocastMode, get_preset, record
 from hpu_autocast import _torch
 from hpu_autocast._engine import fp8 as _fp8
 from hpu_autocast.policies.recipes import Rowwise, Tensorwise
+
+from _torchao_oracle import assert_equals_torchao, torchao_float8
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 
@@ -49,24 +50,15 @@ def _spread(*shape):
 )
 @pytest.mark.parametrize("name, recipe", [("rowwise", Rowwise()), ("rowwise_with_gw_hp", Rowwise(weight_grad="high"))])
 def test_a_rowwise_regions_linear_equals_torchaos_bit_for_bit_in_bf16(name, recipe, emulate, bias):
-    ao = pytest.importorskip("torchao.float8", reason="torchao (the fp8 extra) is not installed")
+    ao = torchao_float8()
     net = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=bias))
     with torch.no_grad():
         net[0].weight.copy_(_spread(48, 64) * 0.1)
     config = dataclasses.replace(ao.Float8LinearConfig.from_recipe_name(name), emulate=True)
-    theirs = ao.convert_to_float8_training(copy.deepcopy(net), config=config)
     x = _spread(32, 64)
-    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
-    g = torch.randn(32, 48).to(BF16)  # a gradient bfloat16 holds exactly (ours arrives in bf16)
-    with HpuAutocastMode(FP8, policy=_policy(dataclasses.replace(recipe, emulate=emulate))):
-        y = net(x_ours)
-    y.backward(g)
-    y_ref = theirs(x_theirs)
-    y_ref.backward(g.float())
-    assert torch.equal(y, y_ref.to(BF16))
-    assert torch.equal(x_ours.grad.to(BF16), x_theirs.grad.to(BF16))
-    for p, q in zip(net.parameters(), theirs.parameters()):
-        assert torch.equal(p.grad.to(BF16), q.grad.to(BF16))
+    g = torch.randn(32, 48).to(BF16)
+    region = HpuAutocastMode(FP8, policy=_policy(dataclasses.replace(recipe, emulate=emulate)))
+    y = assert_equals_torchao(net, config, x, g, region)
     # the oracle discriminates: one scale per tensor gives another output on these rows
     with HpuAutocastMode(FP8, policy=_policy(Tensorwise())):
         assert not torch.equal(net(x), y)

@@ -14,6 +14,8 @@ from hpu_autocast import HpuAutocastMode, get_preset, record
 from hpu_autocast import _torch
 from hpu_autocast.policies.recipes import Delayed, Tensorwise
 
+from _torchao_oracle import assert_equals_torchao, torchao_float8
+
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 
 
@@ -207,28 +209,13 @@ def test_the_report_says_which_product_ran():
 
 
 # -- torchao as the outside oracle ---------------------------------------------------------------
-def _torchao():
-    return pytest.importorskip("torchao.float8", reason="torchao (the fp8 extra) is not installed")
 
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_regions_linear_equals_torchaos_float8linear_bit_for_bit_in_bf16(bias):
-    ao = _torchao()
-    import copy
-
+    ao = torchao_float8()
     torch.manual_seed(4)
     net = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=bias))
-    theirs = ao.convert_to_float8_training(copy.deepcopy(net), config=ao.Float8LinearConfig(emulate=True))
     x = torch.randn(32, 64)
-    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
-    # a gradient bfloat16 holds exactly (ours reaches the product in bf16, torchao's in float32)
     g = torch.randn(32, 48).to(BF16)
-    with HpuAutocastMode(FP8):
-        y = net(x_ours)
-    y.backward(g)
-    y_ref = theirs(x_theirs)
-    y_ref.backward(g.float())
-    assert torch.equal(y, y_ref.to(BF16))
-    assert torch.equal(x_ours.grad.to(BF16), x_theirs.grad.to(BF16))
-    for p, q in zip(net.parameters(), theirs.parameters()):
-        assert torch.equal(p.grad.to(BF16), q.grad.to(BF16))
+    assert_equals_torchao(net, ao.Float8LinearConfig(emulate=True), x, g, HpuAutocastMode(FP8))
